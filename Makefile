@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/shopping-grpo pipeline --profile $(PROFILE) --run $(RUN)
 
 test: setup
-	cd nbs && ../$(BIN)/nbdev-test --n_workers 2
+	cd nbs && ../$(BIN)/nbdev-test --n-workers 2
 	$(BIN)/pytest -q -m "not slow and not gpu"
 
 test-slow: setup

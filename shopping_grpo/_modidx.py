@@ -55,6 +55,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.env.load_vocabulary': ('env.html#load_vocabulary', 'shopping_grpo/env.py'),
                                    'shopping_grpo.env.make_asin': ('env.html#make_asin', 'shopping_grpo/env.py'),
                                    'shopping_grpo.env.parse_action': ('env.html#parse_action', 'shopping_grpo/env.py'),
+                                   'shopping_grpo.env.popularity': ('env.html#popularity', 'shopping_grpo/env.py'),
                                    'shopping_grpo.env.query_terms': ('env.html#query_terms', 'shopping_grpo/env.py'),
                                    'shopping_grpo.env.render_design': ('env.html#render_design', 'shopping_grpo/env.py'),
                                    'shopping_grpo.env.render_state': ('env.html#render_state', 'shopping_grpo/env.py'),
