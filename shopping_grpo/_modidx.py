@@ -183,11 +183,13 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.tasks._draw_facts': ('tasks.html#_draw_facts', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks._tighten': ('tasks.html#_tighten', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.data_dir': ('tasks.html#data_dir', 'shopping_grpo/tasks.py'),
+                                     'shopping_grpo.tasks.freeze_benchmark': ('tasks.html#freeze_benchmark', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.load_benchmark': ('tasks.html#load_benchmark', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.make_task': ('tasks.html#make_task', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.make_tasks': ('tasks.html#make_tasks', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.read_tasks': ('tasks.html#read_tasks', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.satisfies': ('tasks.html#satisfies', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.split_of_cluster': ('tasks.html#split_of_cluster', 'shopping_grpo/tasks.py'),
+                                     'shopping_grpo.tasks.verify_task': ('tasks.html#verify_task', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.word_request': ('tasks.html#word_request', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.write_tasks': ('tasks.html#write_tasks', 'shopping_grpo/tasks.py')}}}
