@@ -16,7 +16,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--run', default='outputs/reference-run'); ap.add_argument('--out', default='outputs/reference')
     ap.add_argument('--target-accepted', type=int, default=1000); ap.add_argument('--n-train', type=int, default=800); ap.add_argument('--n-val', type=int, default=200)
-    ap.add_argument('--epochs', type=float, default=3); ap.add_argument('--batch-size', type=int, default=200); ap.add_argument('--max-new-tokens', type=int, default=160)
+    ap.add_argument('--epochs', type=float, default=3); ap.add_argument('--lr', type=float, default=1e-4); ap.add_argument('--batch-size', type=int, default=200); ap.add_argument('--max-new-tokens', type=int, default=128)
     ap.add_argument('--stages', default='collect,sft,eval_base,eval_sft'); ap.add_argument('--workers', type=int, default=8)
     ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--max-turns', type=int, default=35)
     a = ap.parse_args(); stages = a.stages.split(','); run, out = Path(a.run), Path(a.out); out.mkdir(parents=True, exist_ok=True)
@@ -30,17 +30,18 @@ def main():
     if 'collect' in stages:
         from shopping_grpo.collect import collect, split_accepted, write_sft_split, load_trajectories
         t0 = time.time()
-        audit = collect(shop, shop.tasks['sft'], ExpertPolicy(shop.catalog), run/'collect', workers=a.workers, target_accepted=a.target_accepted, progress=False,
-                        config=dict(target_accepted=a.target_accepted))
+        audit = collect(shop, shop.tasks['sft'], ExpertPolicy(shop.catalog), run/'collect', workers=a.workers, target_accepted=a.target_accepted, progress=False)
         acc = load_trajectories(run/'collect'/'accepted.jsonl'); train, val = split_accepted(acc, a.n_train, a.n_val)
         write_sft_split(run/'collect', train, val, shop); figures['collect'] = dict(seconds=round(time.time() - t0, 1), accepted=audit['n_accepted'], acceptance_rate=audit['acceptance_rate'])
         shutil.copy(run/'collect'/'audit.json', out/'collect_audit.json'); log(f"collected: {figures['collect']}")
     sft_dir, merged = run/'sft', run/'sft'/'merged'
     if 'sft' in stages:
-        from shopping_grpo.sft import SFTData, train_sft, merge_lora, sft_config, read_trajectories
-        t0 = time.time(); torch.cuda.reset_peak_memory_stats()
-        s = train_sft(base, read_trajectories(run/'collect'/'sft_train.jsonl'), read_trajectories(run/'collect'/'sft_val.jsonl'), sft_dir,
-                      sft_config('gpu', epochs=a.epochs), progress=False)
+        from shopping_grpo.sft import SFTData, train_sft, merge_lora, sft_config
+        from transformers import AutoTokenizer
+        t0 = time.time(); torch.cuda.reset_peak_memory_stats(); tok = AutoTokenizer.from_pretrained(str(base))
+        train, val = SFTData(run/'collect'/'sft_train.jsonl', tok, 8192), SFTData(run/'collect'/'sft_val.jsonl', tok, 8192)
+        log(f'sft data: {train.counts} / {val.counts}')
+        s = train_sft(base, train, val, sft_dir, sft_config('gpu', epochs=a.epochs, lr=a.lr), progress=False)
         merge_lora(base, sft_dir/'adapter', merged)
         figures['sft'] = dict(seconds=round(time.time() - t0, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
         shutil.copy(sft_dir/'summary.json', out/'sft_summary.json'); log(f"sft: {figures['sft']} {json.dumps(s)[:400]}")
