@@ -7,6 +7,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.agent.ChatRenderer.delta': ('agent.html#chatrenderer.delta', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.ChatRenderer.ids': ('agent.html#chatrenderer.ids', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.ChatRenderer.text': ('agent.html#chatrenderer.text', 'shopping_grpo/agent.py'),
+                                     'shopping_grpo.agent.ContextOverflow': ('agent.html#contextoverflow', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.Episode': ('agent.html#episode', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.Episode.__init__': ('agent.html#episode.__init__', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.Episode._act': ('agent.html#episode._act', 'shopping_grpo/agent.py'),
