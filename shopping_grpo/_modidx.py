@@ -104,7 +104,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.pin_run': ('collect.html#pin_run', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.rejection': ('collect.html#rejection', 'shopping_grpo/collect.py'),
-                                       'shopping_grpo.collect.repair_tail': ('collect.html#repair_tail', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.resume': ('collect.html#resume', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.run_pool': ('collect.html#run_pool', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.shopping_trace': ('collect.html#shopping_trace', 'shopping_grpo/collect.py'),
