@@ -17,15 +17,15 @@ def main():
     ap.add_argument('--run', default='outputs/reference-run'); ap.add_argument('--out', default='outputs/reference')
     ap.add_argument('--target-accepted', type=int, default=1000); ap.add_argument('--n-train', type=int, default=800); ap.add_argument('--n-val', type=int, default=200)
     ap.add_argument('--epochs', type=float, default=3); ap.add_argument('--lr', type=float, default=1e-4); ap.add_argument('--batch-size', type=int, default=200); ap.add_argument('--max-new-tokens', type=int, default=128)
-    ap.add_argument('--stages', default='collect,sft,eval_base,eval_sft'); ap.add_argument('--workers', type=int, default=8)
-    ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--max-turns', type=int, default=35)
+    ap.add_argument('--stages', default='collect,sft,eval_base,eval_sft'); ap.add_argument('--bring', default=None, help='folder for the small files to keep: fp16 adapter, compressed eval trajectories'); ap.add_argument('--workers', type=int, default=8)
+    ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--sft-tasks', type=int, default=1500, help='size of the SFT task split (more tasks, more teacher data)'); ap.add_argument('--max-turns', type=int, default=35)
     a = ap.parse_args(); stages = a.stages.split(','); run, out = Path(a.run), Path(a.out); out.mkdir(parents=True, exist_ok=True)
     import torch
-    from shopping_grpo.reward import prepare_shop
+    from shopping_grpo.reward import prepare_shop, DEFAULT_SIZES
     from shopping_grpo.agent import ExpertPolicy, ChatRenderer, load_chat_template, evaluate
     from shopping_grpo.model import materialize_model
     from shopping_grpo.generate import StaticDecoder
-    t0 = time.time(); shop = prepare_shop(run, 20_000, 0, 1, 'en', progress=False); log(f'shop ready in {time.time() - t0:.0f}s')
+    t0 = time.time(); shop = prepare_shop(run, 20_000, 0, 1, 'en', sizes=dict(DEFAULT_SIZES, sft=a.sft_tasks), progress=False); log(f'shop ready in {time.time() - t0:.0f}s')
     base = materialize_model('smollm2'); figures = {}
     if 'collect' in stages:
         from shopping_grpo.collect import collect, split_accepted, write_sft_split, load_trajectories
@@ -58,6 +58,20 @@ def main():
         (out/'eval'/name).mkdir(parents=True, exist_ok=True); (out/'eval'/name/'summary.json').write_text(json.dumps(s, indent=1))
         log(f"eval {name}: strict {s['strict_success']} purchase {s['purchase_success']} reward {s['mean_reward']} gen {s['generation']}")
     (out/'run_figures.json').write_text(json.dumps(figures, indent=1))
+    if a.bring: bring_back(run, out, Path(a.bring))
+
+
+def bring_back(run:Path, out:Path, dest:Path):
+    "Copy the small results worth keeping: the adapter in fp16, eval trajectories gzip-compressed, the summaries."
+    import gzip, torch
+    from safetensors.torch import load_file, save_file
+    dest.mkdir(parents=True, exist_ok=True); ad = run/'sft'/'adapter'
+    if (ad/'adapter_model.safetensors').exists():
+        (dest/'adapter').mkdir(exist_ok=True); shutil.copy(ad/'adapter_config.json', dest/'adapter'/'adapter_config.json')
+        save_file({k: v.half() for k, v in load_file(str(ad/'adapter_model.safetensors')).items()}, str(dest/'adapter'/'adapter_model.safetensors'))
+    for p in (run/'eval').glob('*/trajectories.jsonl'):
+        with open(p, 'rb') as f, gzip.open(dest/f'eval_{p.parent.name}_trajectories.jsonl.gz', 'wb') as g: shutil.copyfileobj(f, g)
+    for p in out.rglob('*.json'): q = dest/'results'/p.relative_to(out); q.parent.mkdir(parents=True, exist_ok=True); shutil.copy(p, q)
 
 
 if __name__ == '__main__': main()
