@@ -4,7 +4,7 @@
 
 # %% ../nbs/06a_verl.ipynb #0dec6c31
 from __future__ import annotations
-import asyncio, io, json, os, shlex, subprocess, sys, time
+import io, json, os, shlex, subprocess, time
 from dataclasses import dataclass, asdict, astuple, fields
 from pathlib import Path
 from typing import Optional
@@ -50,7 +50,7 @@ def write_verl_dataset(shop:Shop, out_dir, lang:str='en', renderer:ChatRenderer|
 class ShoppingRollout:
     "Plays shop tasks as token episodes against an async token generator; veRL's agent loop is a thin shell around it."
     def __init__(self, shop:Shop, renderer:ChatRenderer, lang:str='en', max_turns:int=35, max_new_tokens:int=256,
-                 response_length:int=7168, max_context:int=8192, record_dir=None):
+                 response_length:int=6912, max_context:int=8192, record_dir=None):
         if response_length <= max_new_tokens: raise ValueError(f"response_length {response_length} must exceed max_new_tokens {max_new_tokens}")
         self.shop, self.renderer, self.lang, self.max_turns, self.max_new_tokens = shop, renderer, lang, max_turns, max_new_tokens
         self.response_length, self.max_context, self.record_dir = response_length, max_context, record_dir
@@ -133,7 +133,7 @@ def load_run_shop(s:LoopSettings) -> Shop:
         _SHOPS[key] = prepare_shop(s.run_dir, s.n_products, s.seed, s.task_seed, s.lang, sizes=None, progress=False)
     return _SHOPS[key]
 
-def shopping_rollout(s:LoopSettings, tokenizer, max_turns:int=35, response_length:int=7168) -> ShoppingRollout:
+def shopping_rollout(s:LoopSettings, tokenizer, max_turns:int=35, response_length:int=6912) -> ShoppingRollout:
     "This process's `ShoppingRollout` for `s` and `tokenizer` (built on first use)."
     key = (id(tokenizer), max_turns, response_length, *astuple(s))
     if key not in _ROLLOUTS:
