@@ -81,6 +81,7 @@ def sampling(config):
     return dict(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, repetition_penalty=1.0, logprobs=r.calculate_log_probs)
 
 
+@pytest.mark.filterwarnings('ignore:Disabled critic')  # veRL's notice that GRPO needs no critic
 def test_overrides_compose_and_validate(verl_dir, monkeypatch):
     "Every override names a key of veRL 0.9.1's configuration, and veRL's own validation accepts the result."
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
