@@ -145,3 +145,15 @@ def test_compare_pairs_only_like_with_like(shop, tmp_path):
     assert c == compare(tmp_path/'eval'/'oracle', tmp_path/'eval'/'heuristic')  # fixed seed: the same numbers
     evaluate_model(shop, 'random', tmp_path/'other', 11, progress=False)
     with pytest.raises(ValueError, match=r'different task lists \(12 vs 11 tasks\)'): compare(tmp_path/'eval'/'oracle', tmp_path/'other'/'eval'/'random')
+
+
+@pytest.mark.slow
+def test_vllm_spec_end_to_end(shop, tmp_path):
+    "A `vllm:` spec serves the embedded model with vLLM (CPU build on CPU machines), plays through its endpoint, and stops the server."
+    from shopping_grpo.model import vllm_python
+    if not vllm_python().exists(): pytest.skip('no vLLM venv: make vllm-env')
+    s = evaluate_model(shop, 'base=vllm:smollm2', tmp_path, 2, max_turns=2, workers=2, max_new_tokens=32, progress=False)
+    assert (s['figures']['n_tasks'], s['figures']['n_episodes'], s['policy']['kind'], s['config']['max_new_tokens']) == (2, 2, 'vllm', 32)
+    assert s['status'].get('not_judged', 0) == 0  # the server answered every turn
+    recs = [json.loads(l) for l in (tmp_path/'eval'/'base'/'trajectories.jsonl').read_text().splitlines()]
+    assert all(r['n_turns'] == 2 or r['termination_reason'] in ('purchase', 'finish', 'repeat_loop', 'no_progress') for r in recs)
