@@ -43,7 +43,7 @@ def main():
         res['vllm'] = dict(model=a.model, tasks=a.tasks, concurrency=a.concurrency, max_new_tokens=a.max_new_tokens, max_turns=a.max_turns,
                            start_s=srv.start_s, seconds=round(dt, 1), tasks_per_minute=round(a.tasks / dt * 60, 3),
                            generated_tokens=pol.completion_tokens, tokens_per_s=round(pol.completion_tokens / dt, 1),
-                           turns=f['calls_per_episode'], malformed_per_episode=f['malformed_per_episode'], strict_success=f['strict_success'],
+                           calls_per_episode=f['calls_per_episode'], malformed_per_episode=f['malformed_per_episode'], strict_success=f['strict_success'],
                            not_judged=f['not_judged'], load_after=os.getloadavg())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1) + '\n'); print(json.dumps(res, indent=1))
 
