@@ -236,6 +236,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.read_trajectories': ( 'evaluate.html#read_trajectories',
                                                                                       'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.scripted_policy': ( 'evaluate.html#scripted_policy',
+                                                                                    'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.set_aside_failed': ( 'evaluate.html#set_aside_failed',
                                                                                      'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.task_list_sha256': ( 'evaluate.html#task_list_sha256',

@@ -13,13 +13,14 @@ from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 WORKER = f'''
 import sys, time
 from shopping_grpo.reward import prepare_shop
-from shopping_grpo.agent import ExpertPolicy
+from shopping_grpo.reward import OracleShopper
+from shopping_grpo.agent import ShopperPolicy
 from shopping_grpo.evaluate import evaluate_model
 run, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 shop = prepare_shop(run, {N_PRODUCTS}, {SEED}, {TASK_SEED}, {LANG!r}, sizes={SIZES!r}, progress=False)
 class Slow:
     name = 'oracle'
-    def __init__(self): self.inner = ExpertPolicy(shop.catalog)
+    def __init__(self): self.inner = ShopperPolicy(OracleShopper(shop.catalog))
     def fork(self): return Slow()
     def reset(self, task): self.inner.reset(task)
     def reply(self, ep): time.sleep(delay); return self.inner.reply(ep)
