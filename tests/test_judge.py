@@ -27,15 +27,16 @@ def _completion(model:str, text:str) -> dict:
 
 def _valid_judgment(body:dict, events=None) -> str:
     "A well-formed judgment built from the enums of the JSON schema the client sent."
-    p = body['response_format']['json_schema']['schema']['properties']; item = p['requirements']['items']['properties']
-    ev = events or [item['events']['items']['enum'][-1]]
-    return json.dumps(dict(requirements=[dict(id=i, verdict='met', events=ev) for i in item['id']['enum']],
+    p = body['response_format']['json_schema']['schema']['properties']; reqs = p['requirements']['properties']
+    ev = events or [next(iter(reqs.values()))['properties']['events']['items']['enum'][-1]]
+    return json.dumps(dict(requirements={i: dict(verdict='met', events=ev) for i in reqs},
                            scores={k: 1 for k in p['scores']['properties']}, error_category='none', summary='ok'))
 
 def _curation(body:dict, bad_id:bool=False) -> str:
     "A curator answer from the candidate lines of the prompt (faithful, or naming an unknown candidate)."
     cands = [json.loads(l) for l in body['messages'][1]['content'].splitlines() if l.startswith('{"id"')]
-    return json.dumps(dict(requirements=[dict(ids=['colour_of_the_sky' if bad_id else c['id']], label=c['suggested'], quote=c['words']) for c in cands]))
+    return json.dumps(dict(candidates={'colour_of_the_sky' if bad_id and i == 0 else c['id']: dict(keep=True, label=c['suggested'], quote=c['words'], same_as='')
+                                       for i, c in enumerate(cands)}))
 
 
 class FakeLLM:
@@ -193,9 +194,12 @@ def test_torn_line_and_missing_trajectory(fake, run):
     judge_model(d/'oracle', tasks, rubrics, endpoint(url, 'valid'), progress=False)
     p = d/'oracle'/'judgments.jsonl'; p.write_text(p.read_text().rsplit('\n', 2)[0] + '\n' + '{"task_id": "torn')  # the last line, torn
     assert judge_model(d/'oracle', tasks, rubrics, endpoint(url, 'valid'), progress=False)['recorded'] == {'judged': 1}
-    t = d/'oracle'/'trajectories.jsonl'; t.write_text(''.join(t.read_text().splitlines(True)[1:]))  # one trajectory lost
+    t = d/'oracle'/'trajectories.jsonl'; recs = t.read_text().splitlines(True)
+    old = {k: v for k, v in json.loads(recs[1]).items() if k not in ('messages', 'events')}
+    t.write_text(json.dumps({**old, 'version': 1}) + '\n' + ''.join(recs[2:]))  # one trajectory lost, one without the agent's view
     s = judge_summary(d/'oracle', tasks, rubrics, None)
-    assert (s['n_tasks'], s['valid_judgments'], s['not_judged_reasons']) == (N_TASKS, N_TASKS - 1, {'missing_trajectory': 1})
+    assert (s['n_tasks'], s['valid_judgments'], s['not_judged_reasons']) == (N_TASKS, N_TASKS - 2, {'missing_trajectory': 1, 'no_agent_view': 1})
+    assert judge_model(d/'oracle', tasks, rubrics, endpoint(url, 'valid'), progress=False)['to_judge'] == 0
 
 
 def test_the_key_is_used_but_never_written(fake, run, monkeypatch):
