@@ -130,6 +130,8 @@ def test_valid_answers_are_judged_once_and_resumed(fake, run):
     assert (s['n_tasks'], s['valid_judgments'], s['valid_share']) == (N_TASKS, N_TASKS, 1.0)
     b = s['panels']['B_rubric']['all_met_vs_gold']; assert b['all_met&gold'] == N_TASKS and b['disagreement'] == 0.0
     assert s['panels']['C_quality']['scores']['candidate_use'] == 1.0 and s['panels']['A_reward']['strict_success'] == 1.0
+    part = judge_summary(d/'oracle', tasks, {t.task_id: rubrics[t.task_id] for t in tasks[:2]}, ep)  # a judged sample of two tasks
+    assert (part['n_tasks'], part['valid_judgments'], part['not_judged_reasons']) == (N_TASKS, 2, {'not_in_judged_sample': N_TASKS - 2})
 
 
 def test_prose_is_retried_once_then_not_judged(fake, run):
