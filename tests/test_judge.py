@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from shopping_grpo.agent import evaluate, ExpertPolicy, ShopperPolicy, read_records
-from shopping_grpo.reward import HeuristicShopper
+from shopping_grpo.reward import HeuristicShopper, OracleShopper
 from shopping_grpo.model import free_port
 from shopping_grpo.tasks import Task, TaskFacts
 from shopping_grpo.judge import (Endpoint, Unavailable, code_rubric, candidates, freeze_rubrics, read_rubrics, judge_messages,
@@ -88,7 +88,7 @@ def endpoint(url, model, **kw) -> Endpoint: return Endpoint(model, url, **{'max_
 def played(shop, tmp_path_factory):
     "The oracle's and the heuristic shopper's trajectories on a few evaluation tasks."
     d, tasks = tmp_path_factory.mktemp('played'), shop.tasks['eval'][:N_TASKS]
-    for pol in (ExpertPolicy(shop.catalog), ShopperPolicy(HeuristicShopper())): evaluate(shop, tasks, pol, d/pol.name, progress=False)
+    for pol in (ShopperPolicy(OracleShopper(shop.catalog)), ShopperPolicy(HeuristicShopper())): evaluate(shop, tasks, pol, d/pol.name, progress=False)
     return d, tasks
 
 
