@@ -315,6 +315,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'shopping_grpo.grpo._clean': ('grpo.html#_clean', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo._durable': ('grpo.html#_durable', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.best_validation': ('grpo.html#best_validation', 'shopping_grpo/grpo.py'),
+                                    'shopping_grpo.grpo.decoder_gap': ('grpo.html#decoder_gap', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.drop_grads': ('grpo.html#drop_grads', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.episode_info': ('grpo.html#episode_info', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.episode_valid': ('grpo.html#episode_valid', 'shopping_grpo/grpo.py'),
