@@ -36,8 +36,8 @@ class GRPORecipe:
     temperature:float = 0.7
     top_p:float = 0.9
     lr:float = 2e-5
-    schedule:str = 'constant_with_warmup'
-    warmup:int = 2                       # steps
+    schedule:str = 'constant'
+    warmup:int = 0                       # steps (the first warm-up step has learning rate 0)
     max_steps:int = 50
     lora_r:int = 16
     lora_alpha:int = 32                  # LoRA scale = alpha / r
@@ -61,7 +61,7 @@ class GRPORecipe:
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
 
 PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24, resample_rounds=0,
-                           val_every=1, n_val=2, warmup=0),
+                           val_every=1, n_val=2),
                 gpu=dict(decoder='static'))
 
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
