@@ -10,7 +10,7 @@ import typer
 
 app = typer.Typer(help='shopping_grpo: a simulated shop, shopping agents, and their training and evaluation.', no_args_is_help=True)
 ROOT = Path(__file__).resolve().parent.parent if '__file__' in globals() else Path('..').resolve()
-STAGES = ['00_env', '01_tasks', '02_reward', '03_agent', '04_collect', '05_sft', '06a_verl', '07_evaluate', '08_judge']
+STAGES = ['00_env', '01_tasks', '02_reward', '03_agent', '04_collect', '05_sft', '06_grpo', '06a_verl', '07_evaluate', '08_judge']
 
 # %% auto #0
 __all__ = ['app', 'ROOT', 'STAGES', 'serve_env', 'load_profile', 'stage_parameters', 'code_digest', 'stage_key', 'read_ledger',

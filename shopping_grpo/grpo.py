@@ -50,6 +50,7 @@ class GRPORecipe:
     max_turns:int = 35                   # the shop's step limit
     max_new_tokens:int = 128             # per turn
     max_context:int = 8192               # tokens; an episode that would outgrow it ends as context_overflow
+    lockstep_batch:int = 32              # episodes decoded together at most (a prefill of many 8k contexts runs out of GPU memory)
     resample_rounds:int = 1              # dynamic sampling: extra generation rounds for groups without reward variance
     val_every:int = 10                   # steps between validations (and checkpoints)
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
@@ -201,12 +202,12 @@ class ShopRollout:
 # %% ../nbs/06_grpo.ipynb #3b83aa3f
 @patch
 def play(self:ShopRollout, tasks:list, model, timing:dict) -> list[dict]:
-    "Records of `tasks` (in order), played in one lockstep batch."
+    "Records of `tasks` (in order), played by the lockstep runner."
     pol, t0, gen = self.policy_for(model), time.time(), [0.0]
     def timed(contexts):
         t = time.time(); out = pol(contexts); gen[0] += time.time() - t; timed.last_logprobs = getattr(pol, 'last_logprobs', None); return out
     c = self.cfg; by = defaultdict(list)
-    for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=len(tasks), lang=self.lang, max_turns=c.max_turns,
+    for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch), lang=self.lang, max_turns=c.max_turns,
                           max_context=c.max_context, max_new_tokens=c.max_new_tokens): by[r['task_id']].append(r)
     timing['gen_s'] = timing.get('gen_s', 0.0) + gen[0]; timing['env_s'] = timing.get('env_s', 0.0) + time.time() - t0 - gen[0]
     return [by[t.task_id].pop() for t in tasks]
@@ -298,7 +299,7 @@ def validate(run:GRPORun, model, step:int) -> dict:
     pol = run.rollout.policy_for(model); was, temp = model.training, pol.temperature
     model.eval(); pol.temperature = 0.0
     try:
-        s = evaluate(run.shop, run.val_tasks, pol, out, renderer=run.renderer, lang=run.lang, max_turns=c.max_turns, batch_size=len(run.val_tasks),
+        s = evaluate(run.shop, run.val_tasks, pol, out, renderer=run.renderer, lang=run.lang, max_turns=c.max_turns, batch_size=c.lockstep_batch,
                      config=dict(step=step, temperature=0.0), progress=False, max_context=c.max_context, max_new_tokens=c.max_new_tokens)
         if c.decoder == 'static':  # the captured graphs read the adapter weights in place: check them on the trained weights
             gap = decoder_gap(model, pol, [TokenEpisode(Episode(run.shop.env(), t, run.lang), run.renderer).prompt_ids for t in run.val_tasks[:8]])
@@ -418,7 +419,7 @@ def shop_grpo_trainer():
     return ShopGRPOTrainer
 
 # %% ../nbs/06_grpo.ipynb #a02e8a90
-UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'batch_multiple', 'gradient_checkpointing')  # a resumed run may change these
+UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'batch_multiple', 'lockstep_batch', 'gradient_checkpointing')  # a resumed run may change these
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
                callbacks=(), advantage_fn=None, progress:bool=False) -> dict:
