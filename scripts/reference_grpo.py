@@ -28,7 +28,7 @@ def parse():
     ap.add_argument('--max-turns', type=int, default=35); ap.add_argument('--max-new-tokens', type=int, default=128)
     ap.add_argument('--decoder', default='static', choices=['static', 'generate']); ap.add_argument('--resample-rounds', type=int, default=1)
     ap.add_argument('--tasks', type=int, default=0, help='use only this many grpo_train tasks (0: all)')
-    ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=200)
+    ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=32)
     ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu']); ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--time-budget-min', type=float, default=0, help='stop training cleanly (with a checkpoint) after this many minutes; 0: no limit')
     return ap.parse_args()
