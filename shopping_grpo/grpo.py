@@ -13,12 +13,13 @@ from .env import write_atomic
 from .agent import run_lockstep, evaluate, append_record, hermes_text, TokenEpisode, Episode, ChatRenderer
 
 # %% auto #0
-__all__ = ['PROFILES', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'played', 'ScriptedTokens',
-           'episode_valid', 'page_key', 'page_keys', 'episode_info', 'rollout_output', 'reward_v3', 'flat_groups',
-           'make_policy', 'PaddedBatch', 'decoder_gap', 'ShopRollout', 'step_figures', 'grad_state', 'drop_grads',
-           'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record', 'last_checkpoint', 'trim_after',
-           'read_metrics', 'best_validation', 'export_best', 'grpo_args', 'load_policy_model', 'shop_grpo_trainer',
-           'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart', 'time_chart']
+__all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'played',
+           'ScriptedTokens', 'episode_valid', 'page_key', 'page_keys', 'episode_info', 'rollout_output', 'reward_v3',
+           'flat_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'ShopRollout', 'step_figures', 'grad_state',
+           'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record', 'last_checkpoint',
+           'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args', 'load_policy_model',
+           'shop_grpo_trainer', 'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart',
+           'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -57,6 +58,7 @@ class GRPORecipe:
     decoder:str = 'generate'             # 'generate' (TransformersPolicy) or 'static' (StaticDecoder, CUDA graphs on GPU)
     batch_multiple:int = 16              # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
     gradient_checkpointing:bool = False
+    credit:str = 'episode'               # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
     seed:int = 0
     @property
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
@@ -65,9 +67,12 @@ PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, m
                            val_every=1, n_val=2),
                 gpu=dict(decoder='static'))
 
+CREDITS = ('episode', 'spa', 'steps')  # the credit variants
+
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
     "The recipe of `profile`, with `overrides` (None values are ignored)."
     r = GRPORecipe(**{**PROFILES[profile], **{k: v for k, v in overrides.items() if v is not None}})
+    if r.credit not in CREDITS: raise ValueError(f"unknown credit {r.credit!r}; known: {', '.join(CREDITS)}")
     if (r.group_size * r.groups) % r.micro_batch: raise ValueError(f"micro_batch {r.micro_batch} must divide the {r.group_size * r.groups} episodes of a step")
     return r
 
@@ -239,7 +244,7 @@ def __call__(self:ShopRollout, prompts:list[str], trainer) -> dict:
     was, t0 = model.training, time.time(); model.eval()
     try: recs, st = self.sample(list(prompts), model, step)
     finally: model.train(was)
-    self.stats[step] = dict(st, rollout_s=time.time() - t0, **step_figures(recs)); self.episodes = recs
+    self.stats[step] = dict(st, rollout_s=time.time() - t0, credit=self.cfg.credit, **step_figures(recs)); self.episodes = recs
     return rollout_output(recs, self.r.end_id)
 
 # %% ../nbs/06_grpo.ipynb #f4560215
@@ -342,7 +347,8 @@ def step_record(step:int, logs:dict, st:dict, mon) -> dict:
                                          'episodes', 'episodes_played', 'invalid', 'mean_turns', 'mean_tokens', 'generated_tokens', 'guard_rejections')},
                gen_s=st.get('gen_s'), env_s=st.get('env_s'), train_s=step_s - roll, rollout_s=roll, step_s=step_s,
                tokens_per_s=st['generated_tokens'] / st['gen_s'] if st.get('gen_s') else None,
-               episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem, time=round(time.time(), 2))
+               episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem, time=round(time.time(), 2),
+               **{k: v for k, v in st.items() if k.startswith('credit')})  # the credit variant and its figures (06c_step_credit)
     return {k: _clean(float(f'{v:.6g}') if isinstance(v, float) and k != 'time' else v) for k, v in rec.items()}
 
 # %% ../nbs/06_grpo.ipynb #ae6e08b4
@@ -444,7 +450,11 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
         trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_v3], args=grpo_args(c, out_dir, progress),
             train_dataset=grpo_dataset(shop.tasks['grpo_train']), processing_class=tok, peft_config=lora, rollout_func=rollout,
             callbacks=[grpo_monitor(run), *callbacks])
+    if advantage_fn is None and c.credit != 'episode':
+        from shopping_grpo.step_credit import credit_advantages
+        advantage_fn = credit_advantages(c.credit)
     trainer.advantage_fn = advantage_fn
+    if hasattr(advantage_fn, 'bind'): advantage_fn.bind(trainer)
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # metrics.jsonl has the step logs
     try:
         if resume is None: validate(run, trainer.model, 0)

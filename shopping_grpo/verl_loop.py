@@ -13,6 +13,7 @@ from fastcore.basics import patch
 from .env import write_atomic, sha256_file
 from .reward import Shop, prepare_shop
 from .agent import Episode, TokenEpisode, ChatRenderer, load_chat_template, append_record
+from .step_credit import turn_scores
 
 # %% auto #0
 __all__ = ['AGENT_NAME', 'DATA_SOURCE', 'SPLITS', 'AGENT_LOOP_TARGET', 'ROOT', 'verl_row', 'write_verl_dataset',
@@ -84,9 +85,10 @@ def output(self:ShoppingRollout, te:TokenEpisode, seconds:dict, with_logprobs:bo
     if self.record_dir: self.keep(te, seconds)
     info = dict(strict_success=float(d.strict_success), purchase_success=float(d.purchase_success), reward_valid=float(d.reward_valid),
                 n_steps=float(ep.env.log.steps), guard_rejections=float(ep.flags.get('guard_rejection', 0)))
+    scores = turn_scores(ep); info['refused_turns'] = float(sum(x < 0 for x in scores))
     return dict(prompt_ids=te.prompt_ids, response_ids=te.response_ids, response_mask=te.response_mask,
                 response_logprobs=te.logprobs if with_logprobs else None, reward_score=float(d.reward), num_turns=len(ep.messages) - 1,
-                seconds=seconds, extra_fields=dict(task_id=ep.task.task_id, termination_reason=d.termination_reason, reward_extra_info=info))
+                seconds=seconds, extra_fields=dict(task_id=ep.task.task_id, termination_reason=d.termination_reason, reward_extra_info=info, turn_scores=scores))
 
 @patch
 def keep(self:ShoppingRollout, te:TokenEpisode, seconds:dict):
