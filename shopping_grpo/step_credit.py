@@ -15,11 +15,12 @@ from .agent import ExpertPolicy, Episode
 from .grpo import episode_valid, page_keys, played, last_checkpoint, CREDITS
 
 # %% auto #0
-__all__ = ['DETOURS', 'NOWHERE', 'REFUSAL_PENALTY', 'tool_message', 'call_of', 'Detour', 'collect', 'turns_of', 'divergence',
-           'turn_ends', 'feature_model', 'shared_length', 'turn_features', 'progress_head', 'head_values', 'progress',
-           'sum_mse', 'fit_progress', 'refused_turns', 'Steps', 'episode_steps', 'normalised', 'episode_advantages',
-           'spa_step_advantages', 'token_advantages', 'returns_to_go', 'step_rewards', 'step_group_advantages',
-           'StepCredit', 'StepGroupCredit', 'ProgressCredit', 'credit_advantages', 'turn_scores']
+__all__ = ['DETOURS', 'NOWHERE', 'REFUSAL_PENALTY', 'STEP_SPREAD', 'tool_message', 'call_of', 'Detour', 'collect', 'turns_of',
+           'divergence', 'turn_ends', 'feature_model', 'shared_length', 'turn_features', 'progress_head', 'head_values',
+           'progress', 'sum_mse', 'fit_progress', 'refused_turns', 'Steps', 'episode_steps', 'normalised',
+           'episode_advantages', 'spa_step_advantages', 'token_advantages', 'returns_to_go', 'step_rewards',
+           'step_group_advantages', 'StepCredit', 'StepGroupCredit', 'ProgressCredit', 'credit_advantages',
+           'turn_scores']
 
 # %% ../nbs/06c_step_credit.ipynb #a97550a5
 DETOURS = ('distractor', 'refused', 'repeat')
@@ -181,12 +182,14 @@ def episode_steps(rec:dict) -> Steps:
     return Steps(rec['reward'], episode_valid(rec), [tuple(s) for s in rec['turn_spans']], page_keys(rec)[:n], refused_turns(rec['events'], n))
 
 # %% ../nbs/06c_step_credit.ipynb #9bb12b93
-def normalised(xs:list[float]) -> list[float]:
-    "(x - mean) / (std + 1e-4), unbiased std; zeros for fewer than two values."
+STEP_SPREAD = 0.05  # least spread a step term is divided by
+
+def normalised(xs:list[float], min_spread:float=0.0) -> list[float]:
+    "(x - mean) / (max(std, min_spread) + 1e-4), unbiased std; zeros for fewer than two values."
     n = len(xs)
     if n < 2: return [0.0] * n
     m = sum(xs) / n; sd = math.sqrt(sum((x - m)**2 for x in xs) / (n - 1))
-    return [(x - m) / (sd + 1e-4) for x in xs]
+    return [(x - m) / (max(sd, min_spread) + 1e-4) for x in xs]
 
 def episode_advantages(steps:list[Steps], group_size:int) -> list[float]:
     "GRPO's advantage of each episode (consecutive groups of `group_size`): its valid rewards normalised; 0 for one not valid."
@@ -197,13 +200,13 @@ def episode_advantages(steps:list[Steps], group_size:int) -> list[float]:
     return out
 
 # %% ../nbs/06c_step_credit.ipynb #fb117b39
-def spa_step_advantages(steps:list[Steps], prog:list, group_size:int, refusal_penalty:float=REFUSAL_PENALTY) -> list[list[float]]:
+def spa_step_advantages(steps:list[Steps], prog:list, group_size:int, refusal_penalty:float=REFUSAL_PENALTY, min_spread:float=STEP_SPREAD) -> list[list[float]]:
     "Per episode and turn: the dense step reward (progress, less the penalty where refused), normalised over the group's valid turns."
     out = [[0.0] * len(s.spans) for s in steps]
     for g in range(0, len(steps), group_size):
         idx = [(i, k) for i in range(g, g + group_size) if steps[i].valid for k in range(len(steps[i].spans))]
         r = [float(prog[i][k]) - refusal_penalty * steps[i].refused[k] for i, k in idx]
-        for (i, k), a in zip(idx, normalised(r)): out[i][k] = a
+        for (i, k), a in zip(idx, normalised(r, min_spread)): out[i][k] = a
     return out
 
 # %% ../nbs/06c_step_credit.ipynb #15b3c055
@@ -230,7 +233,8 @@ def step_rewards(s:Steps, refusal_penalty:float=REFUSAL_PENALTY) -> list[float]:
     return r
 
 # %% ../nbs/06c_step_credit.ipynb #0923335a
-def step_group_advantages(steps:list[Steps], group_size:int, gamma:float=0.95, refusal_penalty:float=REFUSAL_PENALTY) -> tuple[list[list[float]], dict]:
+def step_group_advantages(steps:list[Steps], group_size:int, gamma:float=0.95, refusal_penalty:float=REFUSAL_PENALTY,
+                          min_spread:float=STEP_SPREAD) -> tuple[list[list[float]], dict]:
     "Per episode and turn: the return normalised among the group's turns written on the same page; and how many such state groups there were."
     out, n_groups, grouped = [[0.0] * len(s.spans) for s in steps], 0, 0
     for g in range(0, len(steps), group_size):
@@ -240,16 +244,17 @@ def step_group_advantages(steps:list[Steps], group_size:int, gamma:float=0.95, r
             for k, (key, G) in enumerate(zip(steps[i].keys, returns_to_go(step_rewards(steps[i], refusal_penalty), gamma))): by[key].append((i, k, G))
         for members in by.values():
             if len(members) > 1: n_groups += 1; grouped += len(members)
-            for (i, k, _), a in zip(members, normalised([G for *_, G in members])): out[i][k] = a
+            for (i, k, _), a in zip(members, normalised([G for *_, G in members], min_spread)): out[i][k] = a
     return out, dict(state_groups=n_groups, grouped_turns=grouped)
 
 # %% ../nbs/06c_step_credit.ipynb #d989f1e5
 class StepCredit:
     "An `advantage_fn`: GRPO's episode advantages plus `weight` x a step term on each turn's tokens."
     name = None
-    def __init__(self, weight:float=1.0, refusal_penalty:float=REFUSAL_PENALTY, group_size:int|None=None):
-        self.weight, self.refusal_penalty, self.group_size, self.trainer, self.model, self.last = weight, refusal_penalty, group_size, None, None, {}
-    def settings(self) -> dict: return dict(credit=self.name, weight=self.weight, refusal_penalty=self.refusal_penalty)
+    def __init__(self, weight:float=1.0, refusal_penalty:float=REFUSAL_PENALTY, min_spread:float=STEP_SPREAD, group_size:int|None=None):
+        self.weight, self.refusal_penalty, self.min_spread, self.group_size = weight, refusal_penalty, min_spread, group_size
+        self.trainer, self.model, self.last = None, None, {}
+    def settings(self) -> dict: return dict(credit=self.name, weight=self.weight, refusal_penalty=self.refusal_penalty, min_spread=self.min_spread)
     def bind(self, trainer):
         "Attach to the engine's trainer: its model, group size, output folder and step figures."
         self.trainer, self.model, self.group_size = trainer, trainer.model, trainer.args.num_generations
@@ -279,7 +284,7 @@ class StepGroupCredit(StepCredit):
     name = 'steps'
     def __init__(self, gamma:float=0.95, **kw): super().__init__(**kw); self.gamma = gamma
     def settings(self) -> dict: return super().settings() | dict(gamma=self.gamma)
-    def step_advantages(self, episodes, steps): return step_group_advantages(steps, self.group_size, self.gamma, self.refusal_penalty)
+    def step_advantages(self, episodes, steps): return step_group_advantages(steps, self.group_size, self.gamma, self.refusal_penalty, self.min_spread)
 
 # %% ../nbs/06c_step_credit.ipynb #06e96752
 class ProgressCredit(StepCredit):
@@ -305,7 +310,7 @@ def step_advantages(self:ProgressCredit, episodes:list[dict], steps:list[Steps])
     feats = turn_features(self.model, [episodes[i] for i in live]); t0 = time.time()
     mse = self.learn(feats, [steps[i].reward for i in live]) if live else None
     for i, p in zip(live, progress(self.head, feats)): prog[i] = p.tolist()
-    return spa_step_advantages(steps, prog, self.group_size, self.refusal_penalty), dict(fit_mse=mse, buffer=len(self.buffer), fit_s=time.time() - t0)
+    return spa_step_advantages(steps, prog, self.group_size, self.refusal_penalty, self.min_spread), dict(fit_mse=mse, buffer=len(self.buffer), fit_s=time.time() - t0)
 
 # %% ../nbs/06c_step_credit.ipynb #6ab8f1a9
 @patch

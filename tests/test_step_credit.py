@@ -9,7 +9,7 @@ import torch
 
 from shopping_grpo.agent import ChatRenderer, ExpertPolicy
 from shopping_grpo.grpo import CREDITS, grpo_recipe, train_grpo, read_metrics, rollout_output, played
-from shopping_grpo.step_credit import (DETOURS, collect, REFUSAL_PENALTY, Detour, Steps, ProgressCredit, StepGroupCredit, credit_advantages, episode_advantages,
+from shopping_grpo.step_credit import (DETOURS, collect, REFUSAL_PENALTY, STEP_SPREAD, Detour, Steps, ProgressCredit, StepGroupCredit, credit_advantages, episode_advantages,
                                        episode_steps, fit_progress, normalised, progress, progress_head, step_group_advantages, turn_features, turn_scores)
 from test_grpo import SHORT, scripted, adapter_weights, same
 
@@ -88,8 +88,9 @@ def test_step_groups_give_the_known_advantages():
     # group 1: on 'home' returns 0.5 and 0.0, on 'res' 1.0 and 0.0: each pair normalises to about +-0.707
     home1, res1 = normalised([0.5, 0.0]), normalised([1.0, 0.0])
     assert adv[0] == [home1[0], res1[0]] and adv[1] == [home1[1], res1[1]] and round(home1[0], 3) == 0.707 and adv[2] == [0.0]
-    # group 2, gamma 0.5: episode 4 returns -0.2 + 0.5*(0 + 0.5*-0.5) = -0.325 (refused), -0.25, -0.5; episode 5: -0.25, -0.5
-    home, res = normalised([-0.325, -0.25, -0.25]), normalised([-0.5, -0.5])
+    # group 2, gamma 0.5: episode 4 returns -0.2 + 0.5*(0 + 0.5*-0.5) = -0.325 (refused), -0.25, -0.5; episode 5: -0.25, -0.5.
+    # On 'home' the spread (0.043) is below the floor: divided by 0.05
+    home, res = [(x + 0.275) / (STEP_SPREAD + 1e-4) for x in (-0.325, -0.25, -0.25)], normalised([-0.5, -0.5])
     assert [round(x, 6) for x in adv[3][:2] + adv[4][:1]] == [round(x, 6) for x in home] and adv[3][2] == adv[4][1] == res[0] == 0.0
     assert adv[5] == [0.0] and info == dict(state_groups=4, grouped_turns=9)
 
