@@ -11,12 +11,15 @@ eval/compare/grpo_<credit>_vs_*.json.
     python scripts/reference_grpo.py outputs/reference-run/sft/merged --run outputs/reference-run --out outputs/reference --credit spa
 
 A run stopped by --time-budget-min (or killed) resumes from its last checkpoint when the same command is run again.
+Each evaluation also keeps its trajectories gzipped in --out (eval/<name>/trajectories.jsonl.gz, with run.json); a later
+session on a fresh machine, given the same --out, puts them back into run/eval/ first, so variants trained in different
+sessions are still paired.
 On the CPU, to check that it runs (a tiny model, e.g. shopping_grpo.sft.tiny_model('outputs/tiny'), as the start model):
 --device cpu --steps 2 --tasks 4 --groups 2 --group-size 2 --micro-batch 2 --n-val 2 --n-eval 2 --n-products 3000 --max-turns 3 --max-new-tokens 16
 --split-sizes '{"sft": 60, "grpo_train": 40, "grpo_val": 20, "eval": 40}'
 """
 from __future__ import annotations
-import argparse, json, os, shutil, time
+import argparse, gzip, json, os, shutil, time
 from pathlib import Path
 
 
@@ -79,6 +82,27 @@ def evaluate_checkpoint(shop, name:str, path:str, run:Path, a) -> dict:
                                     wall_minutes=round((time.time() - t0) / 60, 2), decoder=type(dec).__name__))
 
 
+EVAL_FILES = ('summary.json', 'checks.jsonl', 'run.json')
+
+def keep_eval(run:Path, out:Path, name:str, summary:dict):
+    "An evaluation's small files and its gzipped trajectories, copied to out/eval/<name>/."
+    d = out/'eval'/name; d.mkdir(parents=True, exist_ok=True)
+    (d/'summary.json').write_text(json.dumps(summary, indent=1))
+    for f in EVAL_FILES[1:]: shutil.copy(run/'eval'/name/f, d/f)
+    with open(run/'eval'/name/'trajectories.jsonl', 'rb') as f, gzip.open(d/'trajectories.jsonl.gz', 'wb') as g: shutil.copyfileobj(f, g)
+
+
+def restore_evals(run:Path, out:Path):
+    "Evaluations an earlier session kept in out/ put back into run/eval/ (a fresh machine has none), so every variant can be paired."
+    for z in sorted(out.glob('eval/*/trajectories.jsonl.gz')):
+        d = run/'eval'/z.parent.name
+        if (d/'trajectories.jsonl').exists() or not all((z.parent/f).exists() for f in EVAL_FILES): continue
+        d.mkdir(parents=True, exist_ok=True)
+        for f in EVAL_FILES: shutil.copy(z.parent/f, d/f)
+        with gzip.open(z, 'rb') as g, open(d/'trajectories.jsonl', 'wb') as f: shutil.copyfileobj(g, f)
+        log(f'restored {d} from {z.parent}')
+
+
 def main():
     a = parse()
     if a.device == 'cpu': os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before torch is imported
@@ -91,6 +115,7 @@ def main():
     run, out, stages = Path(a.run), Path(a.out), a.stages.split(','); out.mkdir(parents=True, exist_ok=True)
     t0 = time.time(); shop = prepare_shop(run, a.n_products, 0, 1, 'en', sizes=a.split_sizes, progress=False); log(f'shop ready in {time.time() - t0:.0f}s')
     if a.tasks: shop.tasks['grpo_train'] = shop.tasks['grpo_train'][:a.tasks]
+    restore_evals(run, out)
     variant = f'grpo_{a.credit}'; grpo_dir, res = run/variant, out/variant
     if 'grpo' in stages:
         cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr, val_every=a.val_every,
@@ -109,9 +134,7 @@ def main():
         if s['final_step'] < a.steps: log('stopped before the last step (time budget): run the same command again to resume'); return
     for stage, name, path in [('eval_sft', 'sft', a.sft), ('eval_grpo', variant, grpo_dir/'merged')]:
         if stage not in stages: continue
-        s = evaluate_checkpoint(shop, name, str(materialize_model(str(path))), run, a)
-        (out/'eval'/name).mkdir(parents=True, exist_ok=True); (out/'eval'/name/'summary.json').write_text(json.dumps(s, indent=1))
-        shutil.copy(run/'eval'/name/'checks.jsonl', out/'eval'/name/'checks.jsonl')
+        s = evaluate_checkpoint(shop, name, str(materialize_model(str(path))), run, a); keep_eval(run, out, name, s)
         log(f"eval {name}: {s['figures']} generation {s['generation']}")
     if 'compare' in stages:
         (out/'eval'/'compare').mkdir(parents=True, exist_ok=True)
