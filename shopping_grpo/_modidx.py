@@ -88,6 +88,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.record_stage': ('cli.html#record_stage', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.serve_env': ('cli.html#serve_env', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.serve_model': ('cli.html#serve_model', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.source_notebook': ('cli.html#source_notebook', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_key': ('cli.html#stage_key', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_parameters': ('cli.html#stage_parameters', 'shopping_grpo/cli.py')},
             'shopping_grpo.collect': { 'shopping_grpo.collect.Prefix': ('collect.html#prefix', 'shopping_grpo/collect.py'),
