@@ -330,9 +330,10 @@ def feed(self:TokenEpisode, new_ids:list[int], logprobs:list[float]|None=None):
 
 @patch
 def record(self:TokenEpisode, policy:str, **extra) -> dict:
-    "The trajectory record with ids, mask and turn spans."
+    "The trajectory record with ids, mask, turn spans and, when the policy gave them, the sampled tokens' log-probabilities."
+    lp = {'logprobs': self.logprobs} if any(self.logprobs) else {}  # when the policy reported its sampled tokens' log-probabilities
     return self.ep.record(policy, prompt_ids=self.prompt_ids, response_ids=self.response_ids, response_mask=self.response_mask,
-                          turn_spans=self.turns, n_generated=sum(self.response_mask), **extra)
+                          turn_spans=self.turns, n_generated=sum(self.response_mask), **lp, **extra)
 
 # %% ../nbs/03_agent.ipynb #33e23862
 def hermes_text(msg:dict) -> str:
@@ -347,6 +348,10 @@ def scripted_run(shop:Shop, task:Task, renderer:ChatRenderer, lang:str='en', **k
     return te
 
 # %% ../nbs/03_agent.ipynb #ed21fbb1
+def _fail(te:TokenEpisode, reason:str, err:Exception):
+    "End an episode whose generation or shop step raised: an infrastructure end, flagged and kept in the record."
+    te.ep.flags[reason] += 1; te.ep._event('end', reason=reason, message=f'{type(err).__name__}: {err}'[:300]); te.ep.end(reason)
+
 def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, name:str, batch_size:int=64, lang:str='en',
                  max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False):
     "Yield the trajectory record of each task, generating turns for up to `batch_size` episodes at a time."
@@ -357,8 +362,13 @@ def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, n
             t = queue.pop(); live.append((t, time.time(), TokenEpisode(Episode(shop.env(max_turns), t, lang, max_turns), renderer, max_context, max_new_tokens)))
         ready = [x for x in live if not x[2].done]
         if ready:
-            outs = generate([te.context() for _, _, te in ready]); lps = getattr(generate, 'last_logprobs', None) or [None]*len(outs)
-            for (_, _, te), out, lp in zip(ready, outs, lps): te.feed(out, lp)
+            try: outs = generate([te.context() for _, _, te in ready]); lps = getattr(generate, 'last_logprobs', None) or [None]*len(outs)
+            except Exception as e:  # a failed generation ends the episodes it was for
+                outs, lps = [], []
+                for _, _, te in ready: _fail(te, 'generation_error', e)
+            for (_, _, te), out, lp in zip(ready, outs, lps):
+                try: te.feed(out, lp)
+                except Exception as e: _fail(te, 'env_error', e)
         for x in [x for x in live if x[2].done]:
             live.remove(x); bar.update(); yield x[2].record(name, seconds=round(time.time() - x[1], 3))
 

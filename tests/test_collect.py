@@ -17,7 +17,7 @@ from shopping_grpo.collect import collect
 run, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 shop = prepare_shop(run, {N_PRODUCTS}, {SEED}, {TASK_SEED}, {LANG!r}, sizes={SIZES!r}, progress=False)
 class Slow:
-    name = 'oracle'
+    name = 'expert'
     def __init__(self): self.inner = ExpertPolicy(shop.catalog)
     def fork(self): return Slow()
     def reset(self, task): self.inner.reset(task)

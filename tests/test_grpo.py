@@ -1,0 +1,188 @@
+"""Online GRPO (06_grpo) on the CPU with a tiny model of SmolLM2's architecture: the rollout's ids, masks and rewards,
+faults inside episodes, NaN steps, per-token advantages, a full disk while checkpointing, and resuming without
+repeating or losing a step. The real SmolLM2-135M runs one step in a slow test."""
+from __future__ import annotations
+import errno, json, math
+from pathlib import Path
+import pytest
+import torch
+
+from shopping_grpo.agent import ChatRenderer
+from shopping_grpo.sft import tiny_model
+from shopping_grpo.grpo import (GRPORecipe, ShopRollout, ScriptedTokens, DiskFull, grpo_recipe, train_grpo, read_metrics,
+                                rollout_output, episode_valid, grpo_monitor, GRPORun, _durable)
+
+torch.set_num_threads(1)  # tests share two cores with other work: extra threads only spin
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    "A randomly initialised 2-layer model of SmolLM2's architecture with its tokenizer and chat template."
+    return str(tiny_model(tmp_path_factory.mktemp('tiny')))
+
+
+@pytest.fixture(scope='module')
+def renderer(tiny):
+    from transformers import AutoTokenizer
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny), None, 'en')
+
+
+class Finisher:
+    "Stops at once: Reward v3's early abstain (-0.35), one turn."
+    name = 'finisher'
+    def reset(self, task): pass
+    def reply(self, ep):
+        return dict(role='assistant', content='', tool_calls=[dict(id='c', type='function', function=dict(
+            name='finish_without_purchase', arguments=json.dumps({'reason': 'nothing fits'})))])
+
+
+class Chatter:
+    "Never calls a tool: the step limit (-0.5)."
+    name = 'chatter'
+    def reset(self, task): pass
+    def reply(self, ep): return 'I am not sure.'
+
+
+class FlakyShop:
+    "The shop, but the first step taken in any training episode (split grpo_train) raises."
+    def __init__(self, shop): self.shop, self.hit = shop, False
+    def __getattr__(self, k): return getattr(self.shop, k)
+    def env(self, max_steps=35):
+        env = self.shop.env(max_steps); reset, step = env.reset, env.step
+        def flaky(action):
+            if not self.hit: self.hit = True; raise OSError('search index unreadable')
+            return step(action)
+        def reset_(instruction, task):
+            if task.split == 'grpo_train': env.step = flaky
+            return reset(instruction, task)
+        env.reset = reset_; return env
+
+
+class Stub:
+    "What the rollout reads of a trainer."
+    def __init__(self, model, step=0): self.model, self.state = model, type('S', (), {'global_step': step})()
+
+
+SHORT = dict(group_size=2, groups=1, micro_batch=2, max_turns=2, max_new_tokens=16, resample_rounds=0, val_every=1, n_val=1, warmup=0, lr=1e-3)
+
+
+def scripted(shop, renderer, recipe):
+    "A policy factory replaying the finisher and the chatter in turn (two short episodes with different rewards)."
+    pol = ScriptedTokens(shop, renderer, shop.tasks['grpo_train'] + shop.tasks['grpo_val'][:recipe.n_val], [Finisher(), Chatter()], 'en', recipe)
+    return lambda model, tok, c: pol
+
+
+def adapter_weights(d):
+    from safetensors.torch import load_file
+    return load_file(str(Path(d)/'adapter_model.safetensors'))
+
+
+def same(a, b): return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rollout_with_the_model_masks_its_own_tokens(shop, tiny, renderer):
+    "Sampling from the model (LoRA-wrapped): env_mask is exactly the generated spans; rewards are the episodes' Reward v3."
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny), LoraConfig(r=4, target_modules='all-linear', task_type='CAUSAL_LM'))
+    cfg = grpo_recipe('smoke', max_turns=3, max_new_tokens=12)
+    ro = ShopRollout(shop, renderer, cfg, shop.tasks['grpo_train'])
+    tasks = [t.task_id for t in shop.tasks['grpo_train'][:2] for _ in range(2)]
+    out = ro(tasks, Stub(model))
+    assert model.training and len(out['completion_ids']) == 4
+    for r, m, c in zip(ro.episodes, out['env_mask'], out['completion_ids']):
+        assert c == r['response_ids'] and len(m) == len(c)
+        assert [i for i, x in enumerate(m) if x] == [i for a, b in r['turn_spans'] for i in range(a, b)]
+        assert sum(m) == r['n_generated'] > 0
+    assert out['shop_reward'] == [r['reward_detail']['reward'] for r in ro.episodes]
+    assert [e['task_id'] for e in out['episode']] == tasks
+    st = ro.stats[1]
+    assert st['episodes'] == 4 and st['generated_tokens'] == sum(sum(m) for m in out['env_mask']) and st['gen_s'] > 0
+
+
+def test_faults_end_their_episodes_invalid(shop, renderer):
+    "A shop error and a failed generation end their episodes as infrastructure-invalid: reward None, no trained token, counted."
+    cfg = grpo_recipe('smoke', **SHORT)
+    ro = ShopRollout(FlakyShop(shop), renderer, cfg, shop.tasks['grpo_train'], policy_factory=scripted(shop, renderer, cfg))
+    out = ro([t.task_id for t in shop.tasks['grpo_train'][:2] for _ in range(2)], Stub(torch.nn.Linear(1, 1)))
+    bad = [i for i, r in enumerate(ro.episodes) if not episode_valid(r)]
+    assert len(bad) == 1 and ro.episodes[bad[0]]['termination_reason'] == 'env_error' and ro.episodes[bad[0]]['infrastructure_invalid']
+    assert out['shop_reward'][bad[0]] is None and sum(out['env_mask'][bad[0]]) == 0 and ro.stats[1]['invalid'] == 1
+    assert all(out['shop_reward'][i] is not None and sum(out['env_mask'][i]) > 0 for i in range(4) if i not in bad)
+    def broken(model, tok, c):
+        def gen(contexts): raise RuntimeError('CUDA error: out of memory')
+        return gen
+    ro = ShopRollout(shop, renderer, cfg, shop.tasks['grpo_train'], policy_factory=broken)
+    out = ro([shop.tasks['grpo_train'][0].task_id] * 2, Stub(torch.nn.Linear(1, 1)))
+    assert [r['termination_reason'] for r in ro.episodes] == ['generation_error'] * 2
+    assert out['shop_reward'] == [None, None] and ro.stats[1]['invalid'] == 2
+
+
+def test_nan_step_is_skipped_and_per_token_advantages_train(shop, tiny, renderer, tmp_path):
+    "Step 1's advantages are NaN: the weights do not move. Step 2 gets per-token (B x T) advantages through the hook: they do."
+    cfg = grpo_recipe('smoke', **{**SHORT, 'max_steps': 2})
+    calls = []
+    def advantages(out, episodes):
+        calls.append(len(episodes)); a = out['advantages']
+        if len(calls) == 1: return a * float('nan')
+        return a[:, None].expand_as(out['completion_ids']).clone()  # one value per token
+    s = train_grpo(tiny, shop, tmp_path/'grpo', cfg, policy_factory=scripted(shop, renderer, cfg), advantage_fn=advantages)
+    tr = {r['step']: r for r in read_metrics(tmp_path/'grpo'/'metrics.jsonl') if r['kind'] == 'train'}
+    assert calls == [2, 2] and tr[1]['skipped'] == 'nan' and tr[1]['loss'] is None and tr[2]['skipped'] is None
+    assert s['skipped_steps'] == {'nan': 1, 'no_signal': 0}
+    w = {k: adapter_weights(tmp_path/'grpo'/'val'/f'step-{k}'/'adapter') for k in (0, 1, 2)}
+    assert same(w[0], w[1]) and not same(w[1], w[2])
+    assert all(torch.isfinite(v).all() for v in w[2].values())
+
+
+def test_three_nan_steps_in_a_row_stop(tmp_path):
+    "The monitor stops a run whose loss is NaN three steps running, with a clear message."
+    mon = grpo_monitor(GRPORun(tmp_path, GRPORecipe(), [], None, None, None))
+    lin, state = torch.nn.Linear(2, 1), type('S', (), {'global_step': 0})()
+    for i in range(3):
+        lin.weight.grad = torch.full((1, 2), float('nan'))
+        if i < 2: mon.on_pre_optimizer_step(None, state, None, model=lin); assert lin.weight.grad is None
+        else:
+            with pytest.raises(FloatingPointError, match='3 steps in a row'): mon.on_pre_optimizer_step(None, state, None, model=lin)
+
+
+def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, monkeypatch):
+    """Step 1 has an episode whose shop step raises: it is counted and TRL averages the reward over the valid ones.
+    ENOSPC while writing checkpoint-2 stops the run with DiskFull; the rerun drops the half checkpoint, resumes from
+    checkpoint-1, and every step is logged once."""
+    import transformers
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 2})
+    orig = transformers.Trainer._save_rng_state
+    def full(self, output_dir):
+        if output_dir.endswith('checkpoint-2'): raise OSError(errno.ENOSPC, 'No space left on device', output_dir)
+        return orig(self, output_dir)
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', full)
+    out = tmp_path/'grpo'
+    with pytest.raises(DiskFull, match='no space left'): train_grpo(tiny, FlakyShop(shop), out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    assert (out/'checkpoint-2').is_dir() and not (out/'checkpoint-2'/'trainer_state.json').exists()
+    s1 = next(r for r in read_metrics(out/'metrics.jsonl') if r['kind'] == 'train')
+    assert s1['step'] == 1 and s1['invalid'] == 1 and s1['episodes'] == 4
+    assert math.isclose(s1['trl_reward'], s1['reward_mean'], abs_tol=1e-6)  # TRL's mean is over the three valid episodes
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', orig)
+    s = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    assert s['resumed_from'].endswith('checkpoint-1') and s['final_step'] == 2
+    recs = read_metrics(out/'metrics.jsonl')
+    assert [r['step'] for r in recs if r['kind'] == 'train'] == [1, 2]
+    assert [r['step'] for r in recs if r['kind'] == 'val'] == [0, 1, 2]
+    assert (out/'merged'/'config.json').exists() and (out/'adapter'/'adapter_model.safetensors').exists()
+
+
+def test_metrics_write_on_a_full_disk_is_a_clear_stop(tmp_path, monkeypatch):
+    import shopping_grpo.grpo as g
+    def full(f, rec): raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(g, 'append_record', full)
+    with pytest.raises(DiskFull, match='resumes from its last complete checkpoint'): _durable(tmp_path/'m.jsonl', dict(step=1))
+
+
+@pytest.mark.slow
+def test_real_smollm2_one_step_on_cpu(shop, tmp_path):
+    "The embedded SmolLM2-135M, sampled and trained for one step on the CPU (minutes)."
+    cfg = grpo_recipe('smoke', group_size=2, groups=1, micro_batch=2, max_steps=1, max_turns=2, max_new_tokens=32, n_val=1)
+    s = train_grpo('smollm2', shop, tmp_path/'grpo', cfg)
+    tr = [r for r in read_metrics(tmp_path/'grpo'/'metrics.jsonl') if r['kind'] == 'train']
+    assert s['final_step'] == 1 and len(tr) == 1 and tr[0]['generated_tokens'] > 0

@@ -1,0 +1,30 @@
+"`shopping-grpo pipeline` resumes: a rerun skips unchanged stages by their recorded keys, a changed parameter reruns from there."
+import json, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, '-c', 'from shopping_grpo.cli import app; app()']
+
+
+def run_pipeline(profile, run, stages='00_env,01_tasks'):
+    r = subprocess.run(CLI + ['pipeline', '--profile', str(profile), '--run', str(run), '--stages', stages], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stderr
+
+
+def test_rerun_skips_unchanged_stages_and_reruns_after_a_change(tmp_path):
+    prof = tmp_path/'tiny.yaml'; run = tmp_path/'run'
+    prof.write_text("n_products: 1500\nseed: 0\ntask_seed: 1\nlang: en\nsplit_sizes: {sft: 10, grpo_train: 10, grpo_val: 5, eval: 10}\n")
+    first = run_pipeline(prof, run); led1 = json.loads((run/'pipeline.json').read_text())
+    assert set(led1) == {'00_env', '01_tasks'} and 'skipped' not in first
+    second = run_pipeline(prof, run)
+    assert second.count('skipped') == 2 and json.loads((run/'pipeline.json').read_text()) == led1
+    prof.write_text(prof.read_text().replace('task_seed: 1', 'task_seed: 2'))  # only the second stage reads it
+    third = run_pipeline(prof, run); led3 = json.loads((run/'pipeline.json').read_text())
+    assert '[1/2 00_env] unchanged' in third and 'skipped' in third.split('01_tasks]')[0] and third.count('skipped') == 1
+    assert led3['00_env'] == led1['00_env'] and led3['01_tasks']['key'] != led1['01_tasks']['key']
+
+
+def test_unknown_stage_is_refused_before_anything_runs(tmp_path):
+    r = subprocess.run(CLI + ['pipeline', '--run', str(tmp_path/'run'), '--stages', '00_env,nope'], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode != 0 and 'no stage notebook' in r.stderr and not (tmp_path/'run'/'pipeline.json').exists()
