@@ -58,6 +58,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent.ToolCall': ('agent.html#toolcall', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent._call_from_json': ('agent.html#_call_from_json', 'shopping_grpo/agent.py'),
+                                     'shopping_grpo.agent._fail': ('agent.html#_fail', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent._head_foot': ('agent.html#_head_foot', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent._lines': ('agent.html#_lines', 'shopping_grpo/agent.py'),
                                      'shopping_grpo.agent._message_records': ('agent.html#_message_records', 'shopping_grpo/agent.py'),
