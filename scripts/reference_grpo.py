@@ -4,13 +4,15 @@ one step-credit variant (--credit: episode = plain GRPO, spa = progress estimate
 (one greedy rollout per task, 07_evaluate's hard checks and figures) and paired comparisons (07_evaluate's
 write_comparison: exact McNemar on strict success, bootstrap intervals) against SFT and against every other variant
 already evaluated in the run folder. The variants share seeds, tasks, steps and evaluation; each trains into
-run/grpo_<credit>/ and evaluates into run/eval/grpo_<credit>/. Small result files under --out:
-grpo_<credit>/{metrics.jsonl,summary.json,bench.json,val/}, eval/{sft,grpo_<credit>}/{summary.json,checks.jsonl},
-eval/compare/grpo_<credit>_vs_*.json.
+run/<variant>/ and evaluates into run/eval/<variant>/, where the variant is `grpo` for plain GRPO and `grpo_spa`,
+`grpo_steps` for the others. Small result files under --out: <variant>/{metrics.jsonl,summary.json,bench.json,val/},
+eval/{sft,<variant>}/{summary.json,checks.jsonl}, eval/compare/<variant>_vs_*.json.
 
     python scripts/reference_grpo.py outputs/reference-run/sft/merged --run outputs/reference-run --out outputs/reference --credit spa
 
-A run stopped by --time-budget-min (or killed) resumes from its last checkpoint when the same command is run again.
+A run stopped by --time-budget-min still exports its best validated checkpoint and is evaluated (its summary's
+final_step says how far it got); a stopped or killed run resumes from its last checkpoint when the same command is run
+again on the same machine.
 Each evaluation also keeps its trajectories gzipped in --out (eval/<name>/trajectories.jsonl.gz, with run.json); a later
 session on a fresh machine, given the same --out, puts them back into run/eval/ first, so variants trained in different
 sessions are still paired.
@@ -66,6 +68,11 @@ def bench(metrics:list[dict], summary:dict) -> dict:
                 time_share=time_share(tr), minutes=summary['minutes'])
 
 
+def variant_name(credit:str) -> str:
+    "The run folder and evaluation name of a credit variant: plain GRPO is `grpo`."
+    return 'grpo' if credit == 'episode' else f'grpo_{credit}'
+
+
 def evaluate_checkpoint(shop, name:str, path:str, run:Path, a) -> dict:
     "Greedy benchmark episodes of checkpoint `path` into run/eval/<name>/ with 07_evaluate's checks and summary (resumes by task)."
     from transformers import AutoTokenizer
@@ -116,7 +123,7 @@ def main():
     t0 = time.time(); shop = prepare_shop(run, a.n_products, 0, 1, 'en', sizes=a.split_sizes, progress=False); log(f'shop ready in {time.time() - t0:.0f}s')
     if a.tasks: shop.tasks['grpo_train'] = shop.tasks['grpo_train'][:a.tasks]
     restore_evals(run, out)
-    variant = f'grpo_{a.credit}'; grpo_dir, res = run/variant, out/variant
+    variant = variant_name(a.credit); grpo_dir, res = run/variant, out/variant
     if 'grpo' in stages:
         cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr, val_every=a.val_every,
                           n_val=a.n_val, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, decoder=a.decoder, resample_rounds=a.resample_rounds,
@@ -131,14 +138,14 @@ def main():
         for v in (grpo_dir/'val').glob('step-*/summary.json'): shutil.copy(v, res/'val'/f'{v.parent.name}.json')
         log(f"{variant}: {s['final_step']}/{a.steps} steps, chosen step {s['chosen_step']} {s['chosen']}, start {s['start']}, skipped {s['skipped_steps']}, {s['minutes']} min")
         log(f'bench: {b}')
-        if s['final_step'] < a.steps: log('stopped before the last step (time budget): run the same command again to resume'); return
+        if s['final_step'] < a.steps: log(f"stopped by the time budget after {s['final_step']} of {a.steps} steps: evaluating the best validated checkpoint")
     for stage, name, path in [('eval_sft', 'sft', a.sft), ('eval_grpo', variant, grpo_dir/'merged')]:
         if stage not in stages: continue
         s = evaluate_checkpoint(shop, name, str(materialize_model(str(path))), run, a); keep_eval(run, out, name, s)
         log(f"eval {name}: {s['figures']} generation {s['generation']}")
     if 'compare' in stages:
         (out/'eval'/'compare').mkdir(parents=True, exist_ok=True)
-        for other in ['sft', *[f'grpo_{c}' for c in CREDITS if c != a.credit]]:
+        for other in ['sft', *[variant_name(c) for c in CREDITS if c != a.credit]]:
             if not (run/'eval'/other/'checks.jsonl').exists(): continue
             try: c = write_comparison(run, variant, other)
             except ValueError as e: log(f'{variant} vs {other}: not comparable ({e})'); continue
