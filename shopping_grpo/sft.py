@@ -15,7 +15,8 @@ from .collect import load_trajectories
 # %% auto #0
 __all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'generated_text', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator',
            'labelled_nll', 'action_loss', 'SFTConfig', 'sft_config', 'tiny_model', 'ActionLoss', 'sft_summary',
-           'pin_sft_run', 'train_sft', 'merge_lora']
+           'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure', 'turn_agreement',
+           'agreement_table']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -292,3 +293,59 @@ def merge_lora(base_path, adapter_dir, out_dir, dtype:str='float32', chat_templa
         adapter_sha256=sha256_file(Path(adapter_dir)/'adapter_model.safetensors'), created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())), indent=1))
     if out.exists(): shutil.rmtree(out)
     tmp.rename(out); return out
+
+# %% ../nbs/05_sft.ipynb #83cba3d5
+def turn_spans(labels:list[int]) -> list[tuple[int, int]]:
+    "The [start, end) runs of labelled positions of a training row: one per assistant turn."
+    spans, start = [], None
+    for i, l in enumerate(list(labels) + [IGNORE]):
+        if l != IGNORE and start is None: start = i
+        elif l == IGNORE and start is not None: spans.append((start, i)); start = None
+    return spans
+
+# %% ../nbs/05_sft.ipynb #e58a9d68
+def call_names(messages:list[dict]) -> list[str]:
+    "The tool each assistant turn calls ('' for a turn without a call)."
+    return [((m.get('tool_calls') or [{}])[0].get('function') or {}).get('name', '') for m in messages if m['role'] == 'assistant']
+
+# %% ../nbs/05_sft.ipynb #a0d1a136
+def departure(tokenizer, teacher:list[int], predicted:list[int], tools) -> str:
+    "How a turn predicted under teacher forcing departs from the teacher's: 'same', 'arguments', 'format' or the tool it would call instead."
+    import re
+    k = next((i for i, (a, b) in enumerate(zip(teacher, predicted)) if a != b), None)
+    if k is None: return 'same'
+    head = tokenizer.decode(list(teacher[:k]) + [predicted[k]])
+    m = re.search(r'"name": "([^"]*)$', head)
+    if m is None: return 'arguments' if '"arguments"' in head else 'format'
+    named = [t for t in tools if t.startswith(m.group(1))]
+    return named[0] if len(named) == 1 else 'another tool'
+
+# %% ../nbs/05_sft.ipynb #eb1a1b2c
+def turn_agreement(model, tokenizer, records:list[dict], max_len:int=8192) -> list[dict]:
+    "One row per assistant turn of the teacher's `records`: the previous tool, the teacher's tool and how the model's greedy turn departs from it."
+    import torch
+    from shopping_grpo.agent import TOOL_SPECS
+    renderer, rows = ChatRenderer(tokenizer), []
+    dev, head = next(model.parameters()).device, model.get_output_embeddings(); model.eval()
+    for rec in records:
+        ex = sft_example(rec['messages'], renderer, max_len)
+        if ex is None: continue
+        spans, names = turn_spans(ex['labels']), call_names(rec['messages'])
+        pos = torch.tensor([p - 1 for s, e in spans for p in range(s, e)], device=dev)
+        with torch.no_grad():
+            h = model(input_ids=torch.tensor([ex['input_ids']], device=dev), output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]
+            pred = head(h[pos]).argmax(-1).tolist()
+        i = 0
+        for k, (s, e) in enumerate(spans):
+            d = departure(tokenizer, ex['input_ids'][s:e], pred[i:i + e - s], TOOL_SPECS); i += e - s
+            rows.append(dict(task_id=rec['task_id'], turn=k, before=names[k - 1] if k else 'start', teacher=names[k], departure=d))
+    return rows
+
+# %% ../nbs/05_sft.ipynb #51ae658d
+def agreement_table(rows:list[dict]):
+    "Agreement by (previous tool, teacher's tool): turns, share that agree, and the most common departure."
+    import polars as pl
+    df = pl.DataFrame(rows)
+    return (df.group_by('before', 'teacher').agg(turns=pl.len(), agree=(pl.col('departure') == 'same').mean().round(3),
+                departures=pl.col('departure').filter(pl.col('departure') != 'same').value_counts(sort=True).head(2))
+              .sort('turns', descending=True))
