@@ -33,7 +33,7 @@ def main():
     recs = load_trajectories(run/'collect'/'accepted.jsonl'); log(f'{len(recs)} expert episodes accepted of {len(tasks)} tasks')
     path = str(materialize_model(a.model)); tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(a.device)
-    rows = turn_agreement(model, tok, recs); table = agreement_table(rows)
+    rows = turn_agreement(model, tok, recs, progress=True); table = agreement_table(rows)
     res = dict(model=a.model, episodes=len(recs), turns=len(rows), agree=round(sum(r['departure'] == 'same' for r in rows) / max(1, len(rows)), 3),
                minutes=round((time.time() - t0) / 60, 2), table=table.to_dicts())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1))

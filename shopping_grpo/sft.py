@@ -321,13 +321,14 @@ def departure(tokenizer, teacher:list[int], predicted:list[int], tools) -> str:
     return named[0] if len(named) == 1 else 'another tool'
 
 # %% ../nbs/05_sft.ipynb #eb1a1b2c
-def turn_agreement(model, tokenizer, records:list[dict], max_len:int=8192) -> list[dict]:
+def turn_agreement(model, tokenizer, records:list[dict], max_len:int=8192, progress:bool=False) -> list[dict]:
     "One row per assistant turn of the teacher's `records`: the previous tool, the teacher's tool and how the model's greedy turn departs from it."
     import torch
+    from tqdm.auto import tqdm
     from shopping_grpo.agent import TOOL_SPECS
     renderer, rows = ChatRenderer(tokenizer), []
     dev, head = next(model.parameters()).device, model.get_output_embeddings(); model.eval()
-    for rec in records:
+    for rec in tqdm(records, desc='teacher-forced episodes', disable=not progress):
         ex = sft_example(rec['messages'], renderer, max_len)
         if ex is None: continue
         spans, names = turn_spans(ex['labels']), call_names(rec['messages'])
