@@ -170,27 +170,27 @@ def test_over_sampling_keeps_the_first_varied_groups(shop, renderer):
 
 
 def test_merged_copy_follows_the_trained_adapter(shop, tiny, renderer, tmp_path):
-    """Two steps with merged decoding and over-sampled groups: the policy is made on a plain model (no LoRA layers) which,
-    after the last step, holds the start weights plus the trained adapter; the credit hook sees exactly the rows TRL trains on."""
+    """A step with merged decoding and over-sampled groups: the policy is made on a plain model (no LoRA layers) which,
+    after the step, holds the start weights plus the trained adapter; the credit hook sees exactly the rows TRL trains on."""
     from transformers import AutoModelForCausalLM
     from peft import PeftModel
-    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'extra_groups': 1, 'max_steps': 2})
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'extra_groups': 1, 'max_steps': 1})
     assert cfg.merged_decode
     seen, hooked, replay = [], [], scripted(shop, renderer, cfg)
     def factory(model, tok, c): seen.append(model); return replay(model, tok, c)
     def hook(out, episodes):
         hooked.append([(c.tolist(), r['response_ids'], r['task_id']) for c, r in zip(out['completion_ids'], episodes)]); return out['advantages']
     s = train_grpo(tiny, shop, tmp_path/'grpo', cfg, policy_factory=factory, advantage_fn=hook)
-    assert s['final_step'] == 2 and len(seen) == 1 and not any('lora' in n for n, _ in seen[0].named_parameters())
+    assert s['final_step'] == 1 and len(seen) == 1 and not any('lora' in n for n, _ in seen[0].named_parameters())
     f32 = dict(dtype=torch.float32)
-    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny, **f32), str(tmp_path/'grpo'/'val'/'step-2'/'adapter')).merge_and_unload()
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny, **f32), str(tmp_path/'grpo'/'val'/'step-1'/'adapter')).merge_and_unload()
     want, got, start = merged.state_dict(), seen[0].state_dict(), AutoModelForCausalLM.from_pretrained(tiny, **f32).state_dict()
     assert set(want) == set(got) and all(torch.allclose(want[k], got[k], atol=1e-6) for k in want)
     assert any(not torch.equal(start[k], got[k]) for k in start)  # the adapter trained, and the copy moved with it
-    assert [len(h) for h in hooked] == [4, 4]
+    assert [len(h) for h in hooked] == [4]
     for h in hooked: assert all(c[:len(r)] == r for c, r, _ in h) and h[0][2] == h[1][2] and h[2][2] == h[3][2]
     tr = [r for r in read_metrics(tmp_path/'grpo'/'metrics.jsonl') if r['kind'] == 'train']
-    assert [(r['groups_played'], r['episodes_played'], r['episodes'], r['decoder_calls']) for r in tr] == [(3, 6, 4, 2)] * 2
+    assert [(r['groups_played'], r['episodes_played'], r['episodes'], r['decoder_calls']) for r in tr] == [(3, 6, 4, 2)]
 
 def test_three_nan_steps_in_a_row_stop(tmp_path):
     "The monitor stops a run whose loss is NaN three steps running, with a clear message."
