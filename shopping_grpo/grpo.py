@@ -209,7 +209,7 @@ class MergedCopy:
         from transformers import AutoModelForCausalLM
         from peft.tuners.lora import LoraLayer
         if not hasattr(lora_model, 'get_base_model'): raise TypeError(f'merged decoding needs a peft (LoRA) model, not {type(lora_model).__name__}')
-        base = lora_model.get_base_model(); p = next(base.parameters())
+        base = lora_model.get_base_model(); p = base.get_input_embeddings().weight  # the start model's dtype and device (LoRA weights may be fp32)
         with torch.device(p.device): self.model = AutoModelForCausalLM.from_config(base.config, dtype=p.dtype)
         self.model.load_state_dict({k.replace('.base_layer', ''): v for k, v in base.state_dict().items() if '.lora_' not in k})
         self.model.generation_config = copy.deepcopy(base.generation_config); self.model.eval().requires_grad_(False)
@@ -230,7 +230,7 @@ def sync(self:MergedCopy):
 
 # %% ../nbs/06_grpo.ipynb #03f4339e
 class ShopRollout:
-    "TRL's `rollout_func`: a step's groups and extra ones played by the lockstep runner with the model being trained, flat groups given way."
+    "TRL's `rollout_func`: a step's groups and extra ones played by the lockstep runner with the model being trained; the first that vary are kept."
     def __init__(self, shop, renderer:ChatRenderer, recipe:GRPORecipe, train_tasks, lang:str='en', policy_factory=make_policy):
         self.shop, self.r, self.cfg, self.pool, self.lang, self.policy_factory = shop, renderer, recipe, list(train_tasks), lang, policy_factory
         self.policy, self.merged, self.stats, self.episodes = None, None, {}, []
