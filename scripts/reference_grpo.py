@@ -19,6 +19,9 @@ sessions are still paired.
 On the CPU, to check that it runs (a tiny model, e.g. shopping_grpo.sft.tiny_model('outputs/tiny'), as the start model):
 --device cpu --steps 2 --tasks 4 --groups 2 --group-size 2 --micro-batch 2 --n-val 2 --n-eval 2 --n-products 3000 --max-turns 3 --max-new-tokens 16
 --split-sizes '{"sft": 60, "grpo_train": 40, "grpo_val": 20, "eval": 40}'
+Rollouts follow 06_grpo's GPU recipe: the step's groups and --extra-groups more are played in one lockstep pass and the
+first that vary are kept; they decode a merged copy of the model (--no-merged-decode: the LoRA model itself). bench.json
+adds the medians of episodes played, decoder calls and decode steps per step, which compare sampling forms without timing.
 """
 from __future__ import annotations
 import argparse, gzip, json, os, shutil, time
@@ -38,7 +41,11 @@ def parse():
     ap.add_argument('--micro-batch', type=int, default=8); ap.add_argument('--lr', type=float, default=2e-5)
     ap.add_argument('--val-every', type=int, default=10); ap.add_argument('--n-val', type=int, default=64)
     ap.add_argument('--max-turns', type=int, default=35); ap.add_argument('--max-new-tokens', type=int, default=128)
-    ap.add_argument('--decoder', default='static', choices=['static', 'generate']); ap.add_argument('--resample-rounds', type=int, default=1)
+    ap.add_argument('--decoder', default='static', choices=['static', 'generate'])
+    ap.add_argument('--merged-decode', action=argparse.BooleanOptionalAction, default=True, help='decode rollouts with a merged copy of the model (06_grpo)')
+    ap.add_argument('--extra-groups', type=int, default=4, help='dynamic sampling: extra groups played in the same lockstep pass')
+    ap.add_argument('--resample-rounds', type=int, default=0, help='dynamic sampling, second-pass form: extra lockstep passes for flat groups')
+    ap.add_argument('--lockstep-batch', type=int, default=48, help='episodes decoded together at most (groups + extra groups, times the group size)')
     ap.add_argument('--tasks', type=int, default=0, help='use only this many grpo_train tasks (0: all)')
     ap.add_argument('--split-sizes', type=json.loads, default=None, help='task split sizes as JSON (a small shop); default: 01_tasks sizes')
     ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=32)
@@ -62,9 +69,11 @@ def bench(metrics:list[dict], summary:dict) -> dict:
     "The speed figures of the run: medians over the steps after the first, and the time split."
     from shopping_grpo.grpo import median, time_share
     tr = [r for r in metrics if r['kind'] == 'train']; rest = tr[1:] or tr
-    return dict(device=summary['device'], decoder=summary['recipe']['decoder'], steps=len(tr), episodes=summary['episodes'],
-                episodes_per_step=summary['recipe']['groups'] * summary['recipe']['group_size'],
-                **{k: median(rest, k) for k in ('episodes_per_s', 'tokens_per_s', 'step_s', 'gen_s', 'env_s', 'train_s', 'gpu_mem_gib')},
+    c = summary['recipe']
+    return dict(device=summary['device'], decoder=c['decoder'], merged_decode=c.get('merged_decode', False), extra_groups=c.get('extra_groups', 0),
+                resample_rounds=c['resample_rounds'], steps=len(tr), episodes=summary['episodes'], episodes_per_step=c['groups'] * c['group_size'],
+                **{k: median(rest, k) for k in ('episodes_per_s', 'tokens_per_s', 'step_s', 'gen_s', 'env_s', 'train_s', 'gpu_mem_gib',
+                                                 'episodes_played', 'decoder_calls', 'decode_steps')},
                 time_share=time_share(tr), minutes=summary['minutes'])
 
 
@@ -127,7 +136,7 @@ def main():
     if 'grpo' in stages:
         cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr, val_every=a.val_every,
                           n_val=a.n_val, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, decoder=a.decoder, resample_rounds=a.resample_rounds,
-                          seed=a.seed, credit=a.credit)
+                          extra_groups=a.extra_groups, merged_decode=a.merged_decode, lockstep_batch=a.lockstep_batch, seed=a.seed, credit=a.credit)
         log(f'{variant}: {cfg}')
         s = train_grpo(a.sft, shop, grpo_dir, cfg, 'en', callbacks=[time_budget(a.time_budget_min)])
         m = read_metrics(grpo_dir/'metrics.jsonl'); b = bench(m, s)

@@ -15,11 +15,11 @@ from .agent import run_lockstep, evaluate, append_record, hermes_text, TokenEpis
 # %% auto #0
 __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'played',
            'ScriptedTokens', 'episode_valid', 'page_key', 'page_keys', 'episode_info', 'rollout_output', 'reward_v3',
-           'flat_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'ShopRollout', 'step_figures', 'grad_state',
-           'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record', 'last_checkpoint',
-           'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args', 'load_policy_model',
-           'shop_grpo_trainer', 'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart',
-           'time_chart']
+           'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
+           'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
+           'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
+           'load_policy_model', 'shop_grpo_trainer', 'train_grpo', 'write_grpo_summary', 'median', 'time_share',
+           'metrics_chart', 'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -51,8 +51,10 @@ class GRPORecipe:
     max_turns:int = 35                   # the shop's step limit
     max_new_tokens:int = 128             # per turn
     max_context:int = 8192               # tokens; an episode that would outgrow it ends as context_overflow
-    lockstep_batch:int = 32              # episodes decoded together at most (a prefill of many 8k contexts runs out of GPU memory)
-    resample_rounds:int = 1              # dynamic sampling: extra generation rounds for groups without reward variance
+    lockstep_batch:int = 48              # episodes decoded together at most: a step's groups and extra groups (a prefill of many 8k contexts runs out of GPU memory)
+    extra_groups:int = 4                 # dynamic sampling: fresh groups played in the same lockstep pass, kept in place of groups without reward variance
+    resample_rounds:int = 0              # dynamic sampling, second-pass form: extra lockstep passes for kept groups still without reward variance
+    merged_decode:bool = False           # decode a plain copy of the model with the adapter merged in (refreshed before each rollout) instead of the LoRA model
     val_every:int = 10                   # steps between validations (and checkpoints)
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
     decoder:str = 'generate'             # 'generate' (TransformersPolicy) or 'static' (StaticDecoder, CUDA graphs on GPU)
@@ -63,9 +65,9 @@ class GRPORecipe:
     @property
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
 
-PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24, resample_rounds=0,
+PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24, extra_groups=1, merged_decode=True,
                            val_every=1, n_val=2),
-                gpu=dict(decoder='static'))
+                gpu=dict(decoder='static', merged_decode=True))
 
 CREDITS = ('episode', 'spa', 'steps')  # the credit variants
 
@@ -159,6 +161,12 @@ def flat_groups(recs:list[dict], group_size:int) -> list[int]:
         if len(rs) < 2 or max(rs) - min(rs) < 1e-9: out.append(g)
     return out
 
+# %% ../nbs/06_grpo.ipynb #cf3e0f21
+def kept_groups(n_played:int, flat:list[int], n:int) -> list[int]:
+    "Indices of the `n` groups to train on, in play order: the first that vary, then the first flat ones if too few vary."
+    varied = [g for g in range(n_played) if g not in flat]
+    return sorted(varied[:n] + flat[:max(0, n - len(varied))])
+
 # %% ../nbs/06_grpo.ipynb #ca104151
 def make_policy(model, tokenizer, recipe:GRPORecipe):
     "The token policy that samples from `model`: `StaticDecoder` or `TransformersPolicy`, per the recipe."
@@ -194,45 +202,85 @@ def decoder_gap(model, policy, contexts:list[list[int]]) -> float:
     return gap
 
 # %% ../nbs/06_grpo.ipynb #c869ebbd
-class ShopRollout:
-    "TRL's `rollout_func`: a step's groups played by the lockstep runner with the model being trained, flat groups resampled."
-    def __init__(self, shop, renderer:ChatRenderer, recipe:GRPORecipe, train_tasks, lang:str='en', policy_factory=make_policy):
-        self.shop, self.r, self.cfg, self.pool, self.lang, self.policy_factory = shop, renderer, recipe, list(train_tasks), lang, policy_factory
-        self.policy, self.stats, self.episodes = None, {}, []
-    def policy_for(self, model):
-        "The token policy for `model`, made once (a static decoder keeps its captured graphs)."
-        if self.policy is None: self.policy = self.policy_factory(model, self.r.tok, self.cfg)
-        return self.policy
+class MergedCopy:
+    "A plain copy of a LoRA model's base model, for decoding; `sync` sets its weights to the LoRA model's merged ones."
+    def __init__(self, lora_model):
+        import copy, torch
+        from transformers import AutoModelForCausalLM
+        from peft.tuners.lora import LoraLayer
+        if not hasattr(lora_model, 'get_base_model'): raise TypeError(f'merged decoding needs a peft (LoRA) model, not {type(lora_model).__name__}')
+        base = lora_model.get_base_model(); p = base.get_input_embeddings().weight  # the start model's dtype and device (LoRA weights may be fp32)
+        with torch.device(p.device): self.model = AutoModelForCausalLM.from_config(base.config, dtype=p.dtype)
+        self.model.load_state_dict({k.replace('.base_layer', ''): v for k, v in base.state_dict().items() if '.lora_' not in k})
+        self.model.generation_config = copy.deepcopy(base.generation_config); self.model.eval().requires_grad_(False)
+        mods = dict(self.model.named_modules())
+        self.layers = [(m, mods[n].weight) for n, m in base.named_modules() if isinstance(m, LoraLayer)]  # (LoRA layer, the copy's weight)
+        self.syncs = 0
 
 # %% ../nbs/06_grpo.ipynb #3b83aa3f
 @patch
+def sync(self:MergedCopy):
+    "Write W + scaling * B @ A of every LoRA layer into the copy's weight, in place (the tensors, and graphs reading them, stay)."
+    import torch
+    with torch.no_grad():
+        for lora, w in self.layers:
+            acc = torch.promote_types(w.dtype, torch.float32)  # bf16 weights: summed in fp32, rounded once
+            w.copy_(lora.get_base_layer().weight.to(acc) + sum(lora.get_delta_weight(a).to(acc) for a in lora.active_adapters))
+    self.syncs += 1; return self
+
+# %% ../nbs/06_grpo.ipynb #03f4339e
+class ShopRollout:
+    "TRL's `rollout_func`: a step's groups and extra ones played by the lockstep runner with the model being trained; the first that vary are kept."
+    def __init__(self, shop, renderer:ChatRenderer, recipe:GRPORecipe, train_tasks, lang:str='en', policy_factory=make_policy):
+        self.shop, self.r, self.cfg, self.pool, self.lang, self.policy_factory = shop, renderer, recipe, list(train_tasks), lang, policy_factory
+        self.policy, self.merged, self.stats, self.episodes = None, None, {}, []
+    def policy_for(self, model):
+        "The token policy for `model`, made once (a static decoder keeps its captured graphs); a merged copy is synced to `model` first."
+        if self.policy is None:
+            self.merged = MergedCopy(model) if self.cfg.merged_decode else None
+            self.policy = self.policy_factory(self.merged.model if self.merged else model, self.r.tok, self.cfg)
+        if self.merged: self.merged.sync()
+        return self.policy
+
+# %% ../nbs/06_grpo.ipynb #eb17b14a
+@patch
 def play(self:ShopRollout, tasks:list, model, timing:dict) -> list[dict]:
-    "Records of `tasks` (in order), played by the lockstep runner."
-    pol, t0, gen = self.policy_for(model), time.time(), [0.0]
+    "Records of `tasks` (in order), played by the lockstep runner; its seconds and decoder counts are added to `timing`."
+    pol, t0, n = self.policy_for(model), time.time(), dict(gen_s=0.0, decoder_calls=0, decode_steps=0)
     def timed(contexts):
-        t = time.time(); out = pol(contexts); gen[0] += time.time() - t; timed.last_logprobs = getattr(pol, 'last_logprobs', None); return out
+        t = time.time(); out = pol(contexts); n['gen_s'] += time.time() - t
+        n['decoder_calls'] += 1; n['decode_steps'] += max(map(len, out), default=0)
+        timed.last_logprobs = getattr(pol, 'last_logprobs', None); return out
     c = self.cfg; by = defaultdict(list)
     for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch), lang=self.lang, max_turns=c.max_turns,
                           max_context=c.max_context, max_new_tokens=c.max_new_tokens): by[r['task_id']].append(r)
-    timing['gen_s'] = timing.get('gen_s', 0.0) + gen[0]; timing['env_s'] = timing.get('env_s', 0.0) + time.time() - t0 - gen[0]
+    n['env_s'] = time.time() - t0 - n['gen_s']
+    for k, v in n.items(): timing[k] = timing.get(k, 0) + v
     return [by[t.task_id].pop() for t in tasks]
 
-# %% ../nbs/06_grpo.ipynb #3bf276dc
+# %% ../nbs/06_grpo.ipynb #e73b0325
+@patch
+def fresh(self:ShopRollout, rng:random.Random, used:set, k:int) -> list:
+    "Up to `k` training tasks not in `used`, drawn with `rng`; `used` takes them in."
+    new = rng.sample(cands := [t for t in self.pool if t.task_id not in used], min(k, len(cands)))
+    used |= {t.task_id for t in new}; return new
+
+# %% ../nbs/06_grpo.ipynb #4289a355
 @patch
 def sample(self:ShopRollout, task_ids:list[str], model, step:int) -> tuple[list[dict], dict]:
-    "A step's episodes in group order, with flat groups replaced by fresh ones for at most `resample_rounds` rounds."
-    G, timing, rng = self.cfg.group_size, {}, random.Random(f'{self.cfg.seed}:{step}')
-    tasks = [self.shop.by_id[t] for t in task_ids[::G]]; used = {t.task_id for t in tasks}
-    recs = self.play([t for t in tasks for _ in range(G)], model, timing); first = flat = flat_groups(recs, G); rounds, played = 0, len(recs)
-    while flat and rounds < self.cfg.resample_rounds:
-        fresh = rng.sample([t for t in self.pool if t.task_id not in used], min(len(flat), len(self.pool) - len(used)))
-        if not fresh: break
-        used |= {t.task_id for t in fresh}; rounds += 1
-        new = self.play([t for t in fresh for _ in range(G)], model, timing); played += len(new)
-        for k, g in enumerate(flat[:len(fresh)]): recs[g * G:(g + 1) * G] = new[k * G:(k + 1) * G]
+    "A step's episodes in group order: its groups and `extra_groups` fresh ones in one pass, `groups` kept; flat kept ones replayed for `resample_rounds` passes."
+    c, G, timing, rng = self.cfg, self.cfg.group_size, {}, random.Random(f'{self.cfg.seed}:{step}')
+    tasks = [self.shop.by_id[t] for t in task_ids[::G]]; n, used = len(tasks), {t.task_id for t in tasks}
+    tasks += self.fresh(rng, used, c.extra_groups)
+    recs = self.play([t for t in tasks for _ in range(G)], model, timing); first = flat_groups(recs, G)
+    recs = [r for g in kept_groups(len(tasks), first, n) for r in recs[g * G:(g + 1) * G]]
+    flat, rounds, played = flat_groups(recs, G), 0, len(tasks) * G
+    while flat and rounds < c.resample_rounds and (new_tasks := self.fresh(rng, used, len(flat))):
+        rounds += 1; new = self.play([t for t in new_tasks for _ in range(G)], model, timing); played += len(new)
+        for k, g in enumerate(flat[:len(new_tasks)]): recs[g * G:(g + 1) * G] = new[k * G:(k + 1) * G]
         flat = flat_groups(recs, G)
-    n = len(tasks)
-    return recs, dict(timing, zero_var_share=len(first) / n, zero_var_share_final=len(flat) / n, resample_rounds=rounds, episodes_played=played)
+    return recs, dict(timing, zero_var_share=len(first) / len(tasks), zero_var_share_final=len(flat) / n, resample_rounds=rounds,
+                      groups_played=played // G, episodes_played=played)
 
 # %% ../nbs/06_grpo.ipynb #4ac7ab71
 @patch
@@ -344,7 +392,8 @@ def step_record(step:int, logs:dict, st:dict, mon) -> dict:
     rec = dict(kind='train', step=step, loss=None if mon.skipped == 'nan' else logs.get('loss'), grad_norm=logs.get('grad_norm'), lr=logs.get('learning_rate'),
                entropy=logs.get('entropy'), trl_reward=logs.get('reward'), trl_frac_reward_zero_std=logs.get('frac_reward_zero_std'), skipped=mon.skipped,
                **{k: st.get(k) for k in ('reward_mean', 'reward_std', 'success_rate', 'zero_var_share', 'zero_var_share_final', 'resample_rounds',
-                                         'episodes', 'episodes_played', 'invalid', 'mean_turns', 'mean_tokens', 'generated_tokens', 'guard_rejections')},
+                                         'groups_played', 'episodes', 'episodes_played', 'invalid', 'mean_turns', 'mean_tokens', 'generated_tokens',
+                                         'guard_rejections', 'decoder_calls', 'decode_steps')},
                gen_s=st.get('gen_s'), env_s=st.get('env_s'), train_s=step_s - roll, rollout_s=roll, step_s=step_s,
                tokens_per_s=st['generated_tokens'] / st['gen_s'] if st.get('gen_s') else None,
                episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem, time=round(time.time(), 2),
@@ -425,7 +474,7 @@ def shop_grpo_trainer():
     return ShopGRPOTrainer
 
 # %% ../nbs/06_grpo.ipynb #a02e8a90
-UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'batch_multiple', 'lockstep_batch', 'gradient_checkpointing')  # a resumed run may change these
+UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch', 'gradient_checkpointing')  # a resumed run may change these
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
                callbacks=(), advantage_fn=None, progress:bool=False) -> dict:

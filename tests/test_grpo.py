@@ -63,7 +63,15 @@ class Stub:
     def __init__(self, model, step=0): self.model, self.state = model, type('S', (), {'global_step': step})()
 
 
-SHORT = dict(group_size=2, groups=1, micro_batch=2, max_turns=2, max_new_tokens=16, resample_rounds=0, val_every=1, n_val=1, warmup=0, lr=1e-3)
+SHORT = dict(group_size=2, groups=1, micro_batch=2, max_turns=2, max_new_tokens=16, extra_groups=0, resample_rounds=0, val_every=1, n_val=1, warmup=0, lr=1e-3)
+
+
+class FinishOn:
+    "The finisher on `tasks`, the chatter elsewhere: paired with the finisher, a group of one of `tasks` is flat."
+    name = 'finish-on'
+    def __init__(self, tasks): self.tasks, self.task = {t.task_id for t in tasks}, None
+    def reset(self, task): self.task = task.task_id
+    def reply(self, ep): return (Finisher() if self.task in self.tasks else Chatter()).reply(ep)
 
 
 def scripted(shop, renderer, recipe):
@@ -102,7 +110,7 @@ def test_rollout_with_the_model_masks_its_own_tokens(shop, tiny, renderer):
 
 def test_faults_end_their_episodes_invalid(shop, renderer):
     "A shop error and a failed generation end their episodes as infrastructure-invalid: reward None, no trained token, counted."
-    cfg = grpo_recipe('smoke', **SHORT)
+    cfg = grpo_recipe('smoke', **{**SHORT, 'merged_decode': False})  # the stub model has no adapter to merge
     ro = ShopRollout(FlakyShop(shop), renderer, cfg, shop.tasks['grpo_train'], policy_factory=scripted(shop, renderer, cfg))
     out = ro([t.task_id for t in shop.tasks['grpo_train'][:2] for _ in range(2)], Stub(torch.nn.Linear(1, 1)))
     bad = [i for i, r in enumerate(ro.episodes) if not episode_valid(r)]
@@ -134,6 +142,55 @@ def test_nan_step_is_skipped_and_per_token_advantages_train(shop, tiny, renderer
     assert same(w[0], w[1]) and not same(w[1], w[2])
     assert all(torch.isfinite(v).all() for v in w[2].values())
 
+
+
+def test_over_sampling_keeps_the_first_varied_groups(shop, renderer):
+    """The step's first task is flat: one pass plays it with two extra groups and keeps the step's other task and the first
+    varied extra, in play order. The second-pass form gets as far only with a second pass, asking the decoder twice as often."""
+    pool = shop.tasks['grpo_train'][:6]; flat = pool[0]
+    tasks = [t.task_id for t in pool[:2] for _ in range(2)]
+    def rollout(**kw):
+        cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'merged_decode': False, **kw})
+        pol = ScriptedTokens(shop, renderer, pool, [Finisher(), FinishOn([flat])], 'en', cfg)
+        ro = ShopRollout(shop, renderer, cfg, pool, policy_factory=lambda m, t, c: pol)
+        out = ro(tasks, Stub(torch.nn.Linear(1, 1), step=4)); return ro, out
+    ro, out = rollout(extra_groups=2)
+    ids = [e['task_id'] for e in out['episode']]
+    assert ids[0] == ids[1] == pool[1].task_id and ids[2] == ids[3] not in (flat.task_id, pool[1].task_id)
+    assert ids == [r['task_id'] for r in ro.episodes] and out['shop_reward'][2] != out['shop_reward'][3]
+    st = ro.stats[5]
+    assert (st['groups_played'], st['episodes_played'], st['zero_var_share'], st['zero_var_share_final'], st['resample_rounds']) == (4, 8, 0.25, 0.0, 0)
+    assert st['decoder_calls'] == 2 and st['decode_steps'] >= st['decoder_calls']  # one pass: the chatter's two turns
+    again, _ = rollout(extra_groups=2)
+    assert [r['task_id'] for r in again.episodes] == ids  # the extra tasks are drawn by the step's seed
+    old, out_old = rollout(extra_groups=0, resample_rounds=1)
+    so = old.stats[5]
+    assert (so['groups_played'], so['zero_var_share_final'], so['resample_rounds'], so['decoder_calls']) == (3, 0.0, 1, 4)
+    assert [e['task_id'] for e in out_old['episode']][2:] == [pool[1].task_id] * 2  # the fresh group stands where the flat one was
+
+
+def test_merged_copy_follows_the_trained_adapter(shop, tiny, renderer, tmp_path):
+    """A step with merged decoding and over-sampled groups: the policy is made on a plain model (no LoRA layers) which,
+    after the step, holds the start weights plus the trained adapter; the credit hook sees exactly the rows TRL trains on."""
+    from transformers import AutoModelForCausalLM
+    from peft import PeftModel
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'extra_groups': 1, 'max_steps': 1})
+    assert cfg.merged_decode
+    seen, hooked, replay = [], [], scripted(shop, renderer, cfg)
+    def factory(model, tok, c): seen.append(model); return replay(model, tok, c)
+    def hook(out, episodes):
+        hooked.append([(c.tolist(), r['response_ids'], r['task_id']) for c, r in zip(out['completion_ids'], episodes)]); return out['advantages']
+    s = train_grpo(tiny, shop, tmp_path/'grpo', cfg, policy_factory=factory, advantage_fn=hook)
+    assert s['final_step'] == 1 and len(seen) == 1 and not any('lora' in n for n, _ in seen[0].named_parameters())
+    f32 = dict(dtype=torch.float32)
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny, **f32), str(tmp_path/'grpo'/'val'/'step-1'/'adapter')).merge_and_unload()
+    want, got, start = merged.state_dict(), seen[0].state_dict(), AutoModelForCausalLM.from_pretrained(tiny, **f32).state_dict()
+    assert set(want) == set(got) and all(torch.allclose(want[k], got[k], atol=1e-6) for k in want)
+    assert any(not torch.equal(start[k], got[k]) for k in start)  # the adapter trained, and the copy moved with it
+    assert [len(h) for h in hooked] == [4]
+    for h in hooked: assert all(c[:len(r)] == r for c, r, _ in h) and h[0][2] == h[1][2] and h[2][2] == h[3][2]
+    tr = [r for r in read_metrics(tmp_path/'grpo'/'metrics.jsonl') if r['kind'] == 'train']
+    assert [(r['groups_played'], r['episodes_played'], r['episodes'], r['decoder_calls']) for r in tr] == [(3, 6, 4, 2)]
 
 def test_three_nan_steps_in_a_row_stop(tmp_path):
     "The monitor stops a run whose loss is NaN three steps running, with a clear message."
