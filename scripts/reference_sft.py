@@ -19,6 +19,7 @@ def main():
     ap.add_argument('--epochs', type=float, default=3); ap.add_argument('--lr', type=float, default=1e-4); ap.add_argument('--batch-size', type=int, default=200); ap.add_argument('--max-new-tokens', type=int, default=128)
     ap.add_argument('--stages', default='collect,sft,eval_base,eval_sft'); ap.add_argument('--bring', default=None, help='folder for the small files to keep: fp16 adapter, compressed eval trajectories'); ap.add_argument('--workers', type=int, default=8)
     ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--sft-tasks', type=int, default=1500, help='size of the SFT task split (more tasks, more teacher data)'); ap.add_argument('--max-turns', type=int, default=35)
+    ap.add_argument('--lora-r', type=int, default=None, help='LoRA rank (default: the gpu recipe\'s)'); ap.add_argument('--lora-alpha', type=int, default=None, help='LoRA alpha (default: the gpu recipe\'s)')
     a = ap.parse_args(); stages = a.stages.split(','); run, out = Path(a.run), Path(a.out); out.mkdir(parents=True, exist_ok=True)
     import torch
     from shopping_grpo.reward import prepare_shop, DEFAULT_SIZES
@@ -41,7 +42,7 @@ def main():
         t0 = time.time(); torch.cuda.reset_peak_memory_stats(); tok = AutoTokenizer.from_pretrained(str(base))
         train, val = SFTData(run/'collect'/'sft_train.jsonl', tok, 8192), SFTData(run/'collect'/'sft_val.jsonl', tok, 8192)
         log(f'sft data: {train.counts} / {val.counts}')
-        s = train_sft(base, train, val, sft_dir, sft_config('gpu', epochs=a.epochs, lr=a.lr), progress=False)
+        s = train_sft(base, train, val, sft_dir, sft_config('gpu', epochs=a.epochs, lr=a.lr, lora_r=a.lora_r, lora_alpha=a.lora_alpha), progress=False)
         merge_lora(base, sft_dir/'adapter', merged)
         figures['sft'] = dict(seconds=round(time.time() - t0, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
         shutil.copy(sft_dir/'summary.json', out/'sft_summary.json'); log(f"sft: {figures['sft']} {json.dumps(s)[:400]}")
