@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The three GRPO credit variants (plain GRPO, progress estimates, same-page step groups) trained side by side on one
-# machine with the same seeds, tasks, steps and budget, the SFT start model evaluated beside them, then every paired
-# comparison. Logs go to $LOGS (default: <run>/logs); $PYTHON (default python3) runs them.
+# The three GRPO credit variants (plain GRPO, progress estimates, same-page step groups) trained with the same seeds,
+# tasks, steps and budget, the SFT start model evaluated, then every paired comparison. The variants run one after
+# another; PARALLEL=1 runs them side by side (on one H200 three of them ran out of its memory after 4-6 steps).
+# CREDITS="spa steps" picks variants. Logs go to $LOGS (default: <run>/logs); $PYTHON (default python3) runs them.
 #   scripts/reference_grpo_variants.sh SFT_MERGED RUN OUT [reference_grpo.py options, e.g. --time-budget-min 16]
 set -uo pipefail
 sft=$1 run=$2 out=$3; shift 3
 logs=${LOGS:-$run/logs}; mkdir -p "$logs"
 py() { "${PYTHON:-python3}" -u scripts/reference_grpo.py "$sft" --run "$run" --out "$out" "$@"; }
 py --stages '' "$@" > "$logs/shop.log" 2>&1 || { cat "$logs/shop.log"; exit 1; }
-pids=()
-for c in episode spa steps; do py --credit $c --stages grpo,eval_grpo "$@" > "$logs/$c.log" 2>&1 & pids+=($!); done
-py --stages eval_sft "$@" > "$logs/sft.log" 2>&1 & pids+=($!)
-status=0; for p in "${pids[@]}"; do wait "$p" || status=1; done
-for c in episode spa steps; do py --credit $c --stages compare "$@" >> "$logs/compare.log" 2>&1 || status=1; done
+credits=${CREDITS:-episode spa steps}; pids=(); status=0
+py --stages eval_sft "$@" > "$logs/sft.log" 2>&1 || status=1
+for c in $credits; do
+  if [ "${PARALLEL:-0}" = 1 ]; then py --credit $c --stages grpo,eval_grpo "$@" > "$logs/$c.log" 2>&1 & pids+=($!)
+  else py --credit $c --stages grpo,eval_grpo "$@" > "$logs/$c.log" 2>&1 || status=1; fi
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for c in $credits; do py --credit $c --stages compare "$@" >> "$logs/compare.log" 2>&1 || status=1; done
 grep -h -E "steps,|eval |won|stopped|Error|error" "$logs"/*.log
 exit $status
