@@ -70,7 +70,7 @@ def bench(metrics:list[dict], summary:dict) -> dict:
     from shopping_grpo.grpo import median, time_share
     tr = [r for r in metrics if r['kind'] == 'train']; rest = tr[1:] or tr
     c = summary['recipe']
-    return dict(device=summary['device'], decoder=c['decoder'], merged_decode=c.get('merged_decode', False), extra_groups=c.get('extra_groups', 0),
+    return dict(device=summary['device'], decoder=c['decoder'], merged_decode=c['merged_decode'], extra_groups=c['extra_groups'],
                 resample_rounds=c['resample_rounds'], steps=len(tr), episodes=summary['episodes'], episodes_per_step=c['groups'] * c['group_size'],
                 **{k: median(rest, k) for k in ('episodes_per_s', 'tokens_per_s', 'step_s', 'gen_s', 'env_s', 'train_s', 'gpu_mem_gib',
                                                  'episodes_played', 'decoder_calls', 'decode_steps')},

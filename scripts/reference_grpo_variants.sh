@@ -8,9 +8,9 @@ set -uo pipefail
 sft=$1 run=$2 out=$3; shift 3
 logs=${LOGS:-$run/logs}; mkdir -p "$logs"
 py() { "${PYTHON:-python3}" -u scripts/reference_grpo.py "$sft" --run "$run" --out "$out" "$@"; }
-py --stages '' "$@" > "$logs/shop.log" 2>&1 || { cat "$logs/shop.log"; exit 1; }
+# the SFT evaluation first: it also builds the shop that every variant then reads
+py --stages eval_sft "$@" > "$logs/sft.log" 2>&1 || { cat "$logs/sft.log"; exit 1; }
 credits=${CREDITS:-episode spa steps}; pids=(); status=0
-py --stages eval_sft "$@" > "$logs/sft.log" 2>&1 || status=1
 for c in $credits; do
   if [ "${PARALLEL:-0}" = 1 ]; then py --credit $c --stages grpo,eval_grpo "$@" > "$logs/$c.log" 2>&1 & pids+=($!)
   else py --credit $c --stages grpo,eval_grpo "$@" > "$logs/$c.log" 2>&1 || status=1; fi

@@ -29,7 +29,7 @@ def main():
     from shopping_grpo.sft import turn_agreement, agreement_table
     run, t0 = Path(a.run), time.time()
     shop = prepare_shop(run, 20_000, 0, 1, 'en', progress=False); tasks = shop.tasks['eval']
-    audit = collect(shop, tasks, ExpertPolicy(shop.catalog), run/'collect', workers=a.workers, progress=False)
+    collect(shop, tasks, ExpertPolicy(shop.catalog), run/'collect', workers=a.workers, progress=False)
     recs = load_trajectories(run/'collect'/'accepted.jsonl'); log(f'{len(recs)} expert episodes accepted of {len(tasks)} tasks')
     first = {t.task_id for t in tasks[:a.n_tasks]}; recs = [r for r in recs if r['task_id'] in first]
     path = str(materialize_model(a.model)); tok = AutoTokenizer.from_pretrained(path)
