@@ -38,7 +38,7 @@ def parse():
     ap.add_argument('--out', default='outputs/reference', help='folder for the small result files')
     ap.add_argument('--stages', default='grpo,eval_sft,eval_grpo,compare')
     ap.add_argument('--steps', type=int, default=50); ap.add_argument('--groups', type=int, default=8); ap.add_argument('--group-size', type=int, default=4)
-    ap.add_argument('--micro-batch', type=int, default=8); ap.add_argument('--lr', type=float, default=2e-5)
+    ap.add_argument('--micro-batch', type=int, default=4); ap.add_argument('--lr', type=float, default=2e-5)
     ap.add_argument('--val-every', type=int, default=10); ap.add_argument('--n-val', type=int, default=64)
     ap.add_argument('--max-turns', type=int, default=35); ap.add_argument('--max-new-tokens', type=int, default=128)
     ap.add_argument('--decoder', default='static', choices=['static', 'generate'])

@@ -322,6 +322,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'shopping_grpo.grpo.best_validation': ('grpo.html#best_validation', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.decoder_gap': ('grpo.html#decoder_gap', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.drop_grads': ('grpo.html#drop_grads', 'shopping_grpo/grpo.py'),
+                                    'shopping_grpo.grpo.drop_none_reward_warning': ( 'grpo.html#drop_none_reward_warning',
+                                                                                     'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.episode_info': ('grpo.html#episode_info', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.episode_valid': ('grpo.html#episode_valid', 'shopping_grpo/grpo.py'),
                                     'shopping_grpo.grpo.export_best': ('grpo.html#export_best', 'shopping_grpo/grpo.py'),

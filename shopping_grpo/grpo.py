@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_grpo.ipynb #935ba4e7
 from __future__ import annotations
-import errno, hashlib, json, math, random, re, shutil, time, warnings
+import errno, hashlib, json, logging, math, random, re, shutil, time, warnings
 from collections import defaultdict
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
@@ -18,8 +18,8 @@ __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', '
            'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
            'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
            'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
-           'load_policy_model', 'shop_grpo_trainer', 'train_grpo', 'write_grpo_summary', 'median', 'time_share',
-           'metrics_chart', 'time_chart']
+           'load_policy_model', 'shop_grpo_trainer', 'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary',
+           'median', 'time_share', 'metrics_chart', 'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -33,7 +33,7 @@ class GRPORecipe:
     "The online GRPO recipe; defaults are the GPU reference run's."
     group_size:int = 4                   # episodes per task (TRL's num_generations)
     groups:int = 8                       # tasks per step
-    micro_batch:int = 8                  # episodes per forward/backward pass
+    micro_batch:int = 4                  # episodes per forward/backward pass
     temperature:float = 0.7
     top_p:float = 0.9
     lr:float = 2e-5
@@ -474,6 +474,11 @@ def shop_grpo_trainer():
     return ShopGRPOTrainer
 
 # %% ../nbs/06_grpo.ipynb #a02e8a90
+def drop_none_reward_warning(record) -> bool:
+    "A logging filter: False for TRL's warning about an episode without a reward (counted as `invalid` in metrics.jsonl)."
+    return 'All reward functions returned None' not in str(record.msg)  # accelerate's logger may prefix the rank
+
+# %% ../nbs/06_grpo.ipynb #3be5ec47
 UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch', 'gradient_checkpointing')  # a resumed run may change these
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
@@ -494,6 +499,7 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     rollout = ShopRollout(shop, renderer, c, shop.tasks['grpo_train'], lang, policy_factory)
     run = GRPORun(out_dir, c, shop.tasks['grpo_val'][:c.n_val], shop, renderer, rollout, lang)
     lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout, target_modules=c.target_modules, task_type='CAUSAL_LM')
+    logging.getLogger('trl.trainer.grpo_trainer').addFilter(drop_none_reward_warning)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='.*rollout_func.*experimental')
         trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_v3], args=grpo_args(c, out_dir, progress),
