@@ -531,6 +531,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'shopping_grpo.report.time_split_chart': ('report.html#time_split_chart', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.tool_rows': ('report.html#tool_rows', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.tools_chart': ('report.html#tools_chart', 'shopping_grpo/report.py'),
+                                      'shopping_grpo.report.variant_curve_rows': ( 'report.html#variant_curve_rows',
+                                                                                   'shopping_grpo/report.py'),
                                       'shopping_grpo.report.vega_lite_version': ( 'report.html#vega_lite_version',
                                                                                   'shopping_grpo/report.py'),
                                       'shopping_grpo.report.verdict_counts': ('report.html#verdict_counts', 'shopping_grpo/report.py'),

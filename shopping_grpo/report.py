@@ -17,8 +17,8 @@ __all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_F
            'read_jsonl', 'either', 'ModelResult', 'read_model', 'model_order', 'RunResults', 'read_stage',
            'missing_sentences', 'read_run', 'model_figures', 'panel_values', 'panel_rows', 'panel_note', 'outcome_rows',
            'strata_rows', 'stratum_order', 'step_rows', 'tool_rows', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows',
-           'speed_figures', 'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg',
-           'outcome_chart', 'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart',
+           'variant_curve_rows', 'speed_figures', 'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version',
+           'chart_svg', 'outcome_chart', 'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart',
            'curves_chart', 'time_split_chart', 'esc', 'fmt', 'table', 'page', 'Report', 'note', 'headline_rows',
            'benchmark_line', 'task_rows', 'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text',
            'reply_pages', 'episode_turns', 'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data',
@@ -129,7 +129,7 @@ def read_run(run_dir) -> RunResults:
     comparisons = [c for p in sorted(ev.glob('compare/*.json')) if (c := read_json(p, notes))]
     rubrics = {r['task_id']: r for r in read_jsonl(ev/'rubrics.jsonl')[0] if 'task_id' in r}
     stages = {k: read_stage(run_dir, k, notes) for k in STAGE_FILES}
-    files = [run_dir/p for m in models.values() for p in m.files.values()] + sorted(ev.glob('compare/*.json')) + [ev/'rubrics.jsonl'] + [run_dir/v[0] for v in STAGE_FILES.values()]
+    files = [run_dir/p for m in models.values() for p in m.files.values()] + sorted(ev.glob('compare/*.json')) + [ev/'rubrics.jsonl'] + [run_dir/v[0] for v in STAGE_FILES.values()] + sorted(run_dir.glob('grpo*/metrics.jsonl'))
     inputs = {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.exists()}
     return RunResults(run_dir, models, comparisons, rubrics, stages, missing_sentences(models, comparisons, rubrics, stages) + notes, inputs)
 
@@ -245,6 +245,14 @@ def grpo_curve_rows(metrics:list|None) -> list[dict]:
             ('train', 'success', 'success_rate', 'train batch'), ('val', 'success', 'strict_success', 'validation (strict)'))
     return [dict(stage='GRPO', panel=panel, series=series, step=r['step'], value=float(r[k])) for kind, panel, k, series in pick
             for r in metrics or [] if r.get('kind') == kind and r.get(k) is not None]
+
+# %% ../nbs/09_report.ipynb #52521c50
+def variant_curve_rows(run_dir) -> list[dict]:
+    "Validation reward and strict success of every `grpo*/metrics.jsonl` in the run, one series per folder."
+    pick = (('validation reward', 'mean_reward'), ('validation strict success', 'strict_success'))
+    return [dict(stage='GRPO runs', panel=panel, series=p.parent.name, step=r['step'], value=float(r[k]))
+            for p in sorted(Path(run_dir).glob('grpo*/metrics.jsonl')) for panel, k in pick
+            for r in read_jsonl(p)[0] if r.get('kind') == 'val' and r.get(k) is not None]
 
 # %% ../nbs/09_report.ipynb #11fc6d35
 def speed_figures(run:RunResults) -> list[dict]:
@@ -476,8 +484,11 @@ def paired_section(self:Report) -> str:
 def training_section(self:Report) -> str:
     "Learning curves, speed figures and SFT runs."
     st = self.run.stages; curves = sft_curve_rows(st['sft_log'], st['sft']) + grpo_curve_rows(st['grpo_metrics'])
+    variants = variant_curve_rows(self.run.run_dir)
     runs = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in (st['sft_runs'] or {}).get('runs', [])]
     return ('<h2>Training</h2>' + self.figure('learning-curves', curves_chart, curves, 'Learning curves: SFT loss; GRPO batch and validation reward and success.', 'No SFT or GRPO logs in this run.') +
+            (self.figure('grpo-runs', curves_chart, variants, 'Validation curves of every GRPO run in this folder (credit variants side by side).', '')
+             if len({r['series'] for r in variants}) > 1 else '') +
             self.figure('speed', curves_chart, speed_rows(self.run), 'Speed per training step.', 'No per-step speed logged.') +
             (self.figure('grpo-time', time_split_chart, st['grpo_metrics'], 'GRPO step time: generation, environment, training.', '') if any(r.get('gen_s') for r in st['grpo_metrics'] or []) else '') +
             '<h3>Speed figures</h3>' + (table(speed_figures(self.run)) or note('No speed figures recorded.')) +
