@@ -16,8 +16,8 @@ again on the same machine.
 Each evaluation also keeps its trajectories gzipped in --out (eval/<name>/trajectories.jsonl.gz, with run.json); a later
 session on a fresh machine, given the same --out, puts them back into run/eval/ first, so variants trained in different
 sessions are still paired.
-On the CPU, to check that it runs (a tiny model, e.g. shopping_grpo.sft.tiny_model('outputs/tiny'), as the start model):
---device cpu --steps 2 --tasks 4 --groups 2 --group-size 2 --micro-batch 2 --n-val 2 --n-eval 2 --n-products 3000 --max-turns 3 --max-new-tokens 16
+On the CPU, to check that it runs (the static decoder is for CUDA: on the CPU it attends over the whole 8k cache; a tiny model, e.g. shopping_grpo.sft.tiny_model('outputs/tiny'), as the start model):
+--device cpu --decoder generate --steps 2 --tasks 4 --groups 2 --group-size 2 --micro-batch 2 --n-val 2 --n-eval 2 --n-products 3000 --max-turns 3 --max-new-tokens 16
 --split-sizes '{"sft": 60, "grpo_train": 40, "grpo_val": 20, "eval": 40}'
 Rollouts follow 06_grpo's GPU recipe: the step's groups and --extra-groups more are played in one lockstep pass and the
 first that vary are kept; they decode a merged copy of the model (--no-merged-decode: the LoRA model itself). bench.json

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The three GRPO credit variants (plain GRPO, progress estimates, same-page step groups) trained with the same seeds,
 # tasks, steps and budget, the SFT start model evaluated, then every paired comparison. The variants run one after
-# another; PARALLEL=1 runs them side by side (on one H200 three of them ran out of its memory after 4-6 steps).
+# another; PARALLEL=1 runs them side by side (at micro-batch 4 each stays under 30 GiB, so two share an H200; at 8,
+# three on one H200 ran out of its memory after 4-6 steps).
 # CREDITS="spa steps" picks variants; GPUS="0 1 1" puts the variants, in order, on those GPUs (CUDA_VISIBLE_DEVICES). Logs go to $LOGS (default: <run>/logs); $PYTHON (default python3) runs them.
 #   scripts/reference_grpo_variants.sh SFT_MERGED RUN OUT [reference_grpo.py options, e.g. --time-budget-min 16]
 set -uo pipefail
