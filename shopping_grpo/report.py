@@ -91,6 +91,7 @@ class RunResults:
     stages: dict                # stage files: sft, sft_log, sft_runs, grpo, grpo_metrics, grpo_bench, collect
     absent: list                # sentences: what is missing, and what the report leaves out for it
     inputs: dict                # SHA-256 of every file read, by path relative to the run
+    grpo_runs: dict             # records of every grpo*/metrics.jsonl by folder name (plain GRPO and its credit variants)
 
 # %% ../nbs/09_report.ipynb #19d21d07
 STAGE_FILES = {  # name: (path in the run, the stage that writes it, what it is)
@@ -129,9 +130,10 @@ def read_run(run_dir) -> RunResults:
     comparisons = [c for p in sorted(ev.glob('compare/*.json')) if (c := read_json(p, notes))]
     rubrics = {r['task_id']: r for r in read_jsonl(ev/'rubrics.jsonl')[0] if 'task_id' in r}
     stages = {k: read_stage(run_dir, k, notes) for k in STAGE_FILES}
-    files = [run_dir/p for m in models.values() for p in m.files.values()] + sorted(ev.glob('compare/*.json')) + [ev/'rubrics.jsonl'] + [run_dir/v[0] for v in STAGE_FILES.values()] + sorted(run_dir.glob('grpo*/metrics.jsonl'))
+    grpo_runs = {p.parent.name: read_jsonl(p)[0] for p in sorted(run_dir.glob('grpo*/metrics.jsonl'))}
+    files = [run_dir/p for m in models.values() for p in m.files.values()] + sorted(ev.glob('compare/*.json')) + [ev/'rubrics.jsonl'] + [run_dir/v[0] for v in STAGE_FILES.values()] + [run_dir/n/'metrics.jsonl' for n in grpo_runs]
     inputs = {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.exists()}
-    return RunResults(run_dir, models, comparisons, rubrics, stages, missing_sentences(models, comparisons, rubrics, stages) + notes, inputs)
+    return RunResults(run_dir, models, comparisons, rubrics, stages, missing_sentences(models, comparisons, rubrics, stages) + notes, inputs, grpo_runs)
 
 # %% ../nbs/09_report.ipynb #a983646b
 OUTCOME_FIGURES = ('n_tasks', 'n_episodes', 'strict_success', 'purchase_success', 'done_rate', 'mean_reward', 'mean_steps')
@@ -247,12 +249,11 @@ def grpo_curve_rows(metrics:list|None) -> list[dict]:
             for r in metrics or [] if r.get('kind') == kind and r.get(k) is not None]
 
 # %% ../nbs/09_report.ipynb #52521c50
-def variant_curve_rows(run_dir) -> list[dict]:
-    "Validation reward and strict success of every `grpo*/metrics.jsonl` in the run, one series per folder."
+def variant_curve_rows(grpo_runs:dict) -> list[dict]:
+    "Validation reward and strict success of every GRPO run (`RunResults.grpo_runs`: records by folder), one series per folder."
     pick = (('validation reward', 'mean_reward'), ('validation strict success', 'strict_success'))
-    return [dict(stage='GRPO runs', panel=panel, series=p.parent.name, step=r['step'], value=float(r[k]))
-            for p in sorted(Path(run_dir).glob('grpo*/metrics.jsonl')) for panel, k in pick
-            for r in read_jsonl(p)[0] if r.get('kind') == 'val' and r.get(k) is not None]
+    return [dict(stage='GRPO runs', panel=panel, series=name, step=r['step'], value=float(r[k]))
+            for name, recs in grpo_runs.items() for panel, k in pick for r in recs if r.get('kind') == 'val' and r.get(k) is not None]
 
 # %% ../nbs/09_report.ipynb #11fc6d35
 def speed_figures(run:RunResults) -> list[dict]:
@@ -484,7 +485,7 @@ def paired_section(self:Report) -> str:
 def training_section(self:Report) -> str:
     "Learning curves, speed figures and SFT runs."
     st = self.run.stages; curves = sft_curve_rows(st['sft_log'], st['sft']) + grpo_curve_rows(st['grpo_metrics'])
-    variants = variant_curve_rows(self.run.run_dir)
+    variants = variant_curve_rows(self.run.grpo_runs)
     runs = [{k: v for k, v in r.items() if not isinstance(v, (dict, list))} for r in (st['sft_runs'] or {}).get('runs', [])]
     return ('<h2>Training</h2>' + self.figure('learning-curves', curves_chart, curves, 'Learning curves: SFT loss; GRPO batch and validation reward and success.', 'No SFT or GRPO logs in this run.') +
             (self.figure('grpo-runs', curves_chart, variants, 'Validation curves of every GRPO run in this folder (credit variants side by side).', '')
