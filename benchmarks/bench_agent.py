@@ -14,8 +14,11 @@ def main():
     ap.add_argument('--vllm', action='store_true'); ap.add_argument('--vllm-tasks', type=int, default=16); ap.add_argument('--concurrency', type=int, default=16)
     ap.add_argument('--out', default='benchmarks/results/agent_speed.json')
     a = ap.parse_args()
-    from shopping_grpo.reward import prepare_shop, package_versions
-    from shopping_grpo.agent import ExpertPolicy, run_message_episode, ChatRenderer, load_chat_template, scripted_run, OpenAIChatPolicy, evaluate
+    from shopping_grpo.shop import prepare_shop
+    from shopping_grpo.records import package_versions
+    from shopping_grpo.policies import ExpertPolicy, OpenAIChatPolicy
+    from shopping_grpo.episode import run_message_episode, ChatRenderer, load_chat_template, scripted_run
+    from shopping_grpo.evaluate import evaluate
     from shopping_grpo.model import load_tokenizer
     shop = prepare_shop(a.run, 20_000, 0, 1, 'en', progress=False); tasks = shop.tasks['eval'][:a.tasks]
     res = dict(machine=dict(cpus=os.cpu_count(), python=platform.python_version(), load=os.getloadavg()), versions=package_versions())

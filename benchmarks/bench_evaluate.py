@@ -21,8 +21,9 @@ def main():
     ap.add_argument('--no-vllm', action='store_true', help='only the in-process figure')
     ap.add_argument('--out', default='benchmarks/results/evaluate_speed.json')
     a = ap.parse_args()
-    from shopping_grpo.reward import prepare_shop, package_versions
-    from shopping_grpo.agent import OpenAIChatPolicy
+    from shopping_grpo.shop import prepare_shop
+    from shopping_grpo.records import package_versions
+    from shopping_grpo.policies import OpenAIChatPolicy
     from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata
     shop = prepare_shop(a.run, 20_000, 0, 1, 'en', progress=False); work = Path(tempfile.mkdtemp(prefix='bench-evaluate-'))
     tasks, ident = benchmark_tasks(shop); strata = task_strata(shop, tasks)

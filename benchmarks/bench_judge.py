@@ -19,8 +19,10 @@ def main():
     ap.add_argument('--workers', default='4,16'); ap.add_argument('--products', type=int, default=3000)
     ap.add_argument('--out', default='benchmarks/results/judge_speed.json')
     a = ap.parse_args()
-    from shopping_grpo.reward import prepare_shop, HeuristicShopper
-    from shopping_grpo.agent import evaluate, ExpertPolicy, ShopperPolicy
+    from shopping_grpo.shop import prepare_shop
+    from shopping_grpo.shoppers import HeuristicShopper
+    from shopping_grpo.evaluate import evaluate
+    from shopping_grpo.policies import ExpertPolicy, ShopperPolicy
     from shopping_grpo.judge import Endpoint, freeze_rubrics, judge_model, judge_summary
     work = Path(tempfile.mkdtemp(prefix='bench-judge-'))
     shop = prepare_shop(work/'run', a.products, 0, 1, 'en', sizes=dict(sft=10, grpo_train=10, grpo_val=10, eval=a.tasks), progress=False)

@@ -6,7 +6,7 @@ weights (`fts5_index.py`), in the same run, on the same catalogs, queries and ta
 
 1. build   catalog (English only) and index build time per catalog size, cold; goal: < 60 s at 20k.
 2. search  p50/p99 latency of `search(query)` (top 150), warm, per size and engine; goal: ours p99 <= 20 ms at 1M.
-3. env     in-process `ShopEnv` steps/s: `OracleShopper` episodes over the eval tasks via `run_episode`.
+3. env     in-process `ShopEnv` steps/s: `OracleShopper` episodes over the eval tasks via `run_message_episode`.
 4. http    steps/s through the ShopSimulator HTTP protocol, N concurrent clients replaying oracle episodes
            against `shopping-grpo serve-env` (ours) and `fts5_server.py` (baseline), on loopback.
 
@@ -26,8 +26,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))   # fts5_index
 
-from shopping_grpo.env import INDEX_VERSION, TOP_K, Catalog, SearchIndex, build_catalog, write_atomic
-from shopping_grpo.reward import DEFAULT_SIZES, OracleShopper, Shop, package_versions, prepare_shop, run_episode
+from shopping_grpo.episode import run_message_episode
+from shopping_grpo.policies import ShopperPolicy
+from shopping_grpo.env import INDEX_VERSION, TOP_K, Catalog, SearchIndex, build_catalog
+from shopping_grpo.records import write_atomic
+from shopping_grpo.shop import DEFAULT_SIZES, Shop, prepare_shop
+from shopping_grpo.shoppers import OracleShopper
+from shopping_grpo.records import package_versions
 from fts5_index import FTS5Index, build_fts5, fts5_path
 
 ENGINES = ('ours', 'fts5')
@@ -230,14 +235,14 @@ def bench_env(shop: Shop, index: dict, tasks: list, rounds: int, warmup: int, la
     try:
         for name in ENGINES:                                     # warm both: caches, lazily built structures
             shop.index = index[name]
-            for t in tasks[:warmup]: run_episode(shop, oracle, t)
+            for t in tasks[:warmup]: run_message_episode(shop, t, ShopperPolicy(oracle))
         runs = {name: [] for name in ENGINES}
         for _ in range(rounds):
             for name in ENGINES:
                 shop.index = timed = TimedIndex(index[name]); gc.collect(); meter = CpuMeter()
                 c0, t0, recs = time.process_time(), time.perf_counter(), []
                 for t in tasks:
-                    recs.append(run_episode(shop, oracle, t))
+                    recs.append(run_message_episode(shop, t, ShopperPolicy(oracle)))
                     if max_seconds and time.perf_counter() - t0 > max_seconds: break
                 dt, cpu_s = time.perf_counter() - t0, time.process_time() - c0
                 steps = sum(len(r['steps']) for r in recs)
@@ -265,7 +270,7 @@ def bench_env(shop: Shop, index: dict, tasks: list, rounds: int, warmup: int, la
 def profile_env(shop: Shop, tasks: list, top: int = 25) -> list[dict]:
     "Where in-process env time goes with our index: the top functions of a cProfile run, by own time."
     oracle = OracleShopper(shop.catalog); pr = cProfile.Profile()
-    pr.enable(); [run_episode(shop, oracle, t) for t in tasks]; pr.disable()
+    pr.enable(); [run_message_episode(shop, t, ShopperPolicy(oracle)) for t in tasks]; pr.disable()
     st = pstats.Stats(pr, stream=io.StringIO()); total = st.total_tt
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
     return [dict(function=f"{Path(f).name}:{line}({fn})", calls=nc, own_s=round(tt, 3), cum_s=round(ct, 3),

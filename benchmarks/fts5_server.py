@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # fts5_index
 import uvicorn
-from shopping_grpo.reward import prepare_shop
+from shopping_grpo.shop import prepare_shop
 from shopping_grpo.server import ShopService, make_app
 from fts5_index import FTS5Index, build_fts5, fts5_path
 

@@ -85,7 +85,8 @@ def variant_name(credit:str) -> str:
 def evaluate_checkpoint(shop, name:str, path:str, run:Path, a) -> dict:
     "Greedy benchmark episodes of checkpoint `path` into run/eval/<name>/ with 07_evaluate's checks and summary (resumes by task)."
     from transformers import AutoTokenizer
-    from shopping_grpo.agent import ChatRenderer, evaluate
+    from shopping_grpo.episode import ChatRenderer
+    from shopping_grpo.evaluate import evaluate
     from shopping_grpo.generate import StaticDecoder, TransformersPolicy
     from shopping_grpo.evaluate import as_spec, benchmark_tasks, eval_settings, prepare_folder, task_strata, write_eval_summary
     tasks, ident = benchmark_tasks(shop, a.n_eval); spec = as_spec(f'{name}=transformers:{path}', max_new_tokens=a.max_new_tokens)
@@ -123,7 +124,7 @@ def main():
     a = parse()
     if a.device == 'cpu': os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before torch is imported
     import torch
-    from shopping_grpo.reward import prepare_shop
+    from shopping_grpo.shop import prepare_shop
     from shopping_grpo.grpo import grpo_recipe, train_grpo, read_metrics, CREDITS
     from shopping_grpo.model import materialize_model
     from shopping_grpo.evaluate import write_comparison

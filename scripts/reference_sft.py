@@ -22,8 +22,10 @@ def main():
     ap.add_argument('--lora-r', type=int, default=None, help='LoRA rank (default: the gpu recipe\'s)'); ap.add_argument('--lora-alpha', type=int, default=None, help='LoRA alpha (default: the gpu recipe\'s)')
     a = ap.parse_args(); stages = a.stages.split(','); run, out = Path(a.run), Path(a.out); out.mkdir(parents=True, exist_ok=True)
     import torch
-    from shopping_grpo.reward import prepare_shop, DEFAULT_SIZES
-    from shopping_grpo.agent import ExpertPolicy, ChatRenderer, load_chat_template, evaluate
+    from shopping_grpo.shop import prepare_shop, DEFAULT_SIZES
+    from shopping_grpo.policies import ExpertPolicy
+    from shopping_grpo.episode import ChatRenderer, load_chat_template
+    from shopping_grpo.evaluate import evaluate
     from shopping_grpo.model import materialize_model
     from shopping_grpo.generate import StaticDecoder
     t0 = time.time(); shop = prepare_shop(run, 20_000, 0, 1, 'en', sizes=dict(DEFAULT_SIZES, sft=a.sft_tasks), progress=False); log(f'shop ready in {time.time() - t0:.0f}s')

@@ -22,8 +22,8 @@ def main():
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from shopping_grpo.reward import prepare_shop
-    from shopping_grpo.agent import ExpertPolicy
+    from shopping_grpo.shop import prepare_shop
+    from shopping_grpo.policies import ExpertPolicy
     from shopping_grpo.collect import collect, load_trajectories
     from shopping_grpo.model import materialize_model
     from shopping_grpo.sft import turn_agreement, agreement_table

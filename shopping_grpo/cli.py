@@ -71,7 +71,7 @@ def read_ledger(run_dir:Path) -> dict:
 
 def record_stage(run_dir:Path, stage:str, key:str, seconds:float):
     "Record that `stage` finished with `key` (atomic rewrite of the ledger)."
-    from shopping_grpo.env import write_atomic
+    from shopping_grpo.records import write_atomic
     led = read_ledger(run_dir) | {stage: dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'))}
     write_atomic(run_dir/'pipeline.json', json.dumps(led, indent=1))
 

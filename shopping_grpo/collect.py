@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib, json, os, re, time, warnings
 from collections import Counter
 from pathlib import Path
-from .env import write_atomic, sha256_file
+from .records import write_atomic, sha256_file, package_versions, benchmark_hash, TRAJECTORY_VERSION, append_record, repair_tail
 from .tasks import Task
-from .reward import Shop, package_versions, benchmark_hash
-from .agent import TRAJECTORY_VERSION, run_message_episode, append_record, repair_tail, parse_reply, ExpertPolicy
+from .shop import Shop
+from .episode import run_message_episode
+from .tools import parse_reply
+from .policies import ExpertPolicy
 
 # %% auto #0
 __all__ = ['SHOP_CODE', 'VOLATILE', 'HELD_OUT', 'rejection', 'load_trajectories', 'resume', 'code_sha256', 'pin_run',

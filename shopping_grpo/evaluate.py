@@ -9,11 +9,15 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from .env import write_atomic, sha256_file
-from .tasks import Task, read_tasks, data_dir
-from .reward import Shop, INFRA_REASONS, package_versions, run_episode, OracleShopper, HeuristicShopper, RandomShopper
-from .agent import TRAJECTORY_VERSION, TOOL_SPECS, evaluate, ShopperPolicy, ExpertPolicy, OpenAIChatPolicy
-from .collect import pin_run, code_sha256, shopping_trace
+from .records import write_atomic, sha256_file, benchmark_hash, data_dir, package_versions, TRAJECTORY_VERSION, pin_run, code_sha256
+from .tasks import Task, read_tasks
+from .shop import Shop
+from .reward import INFRA_REASONS
+from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
+from .tools import TOOL_SPECS
+from .policies import ShopperPolicy, ExpertPolicy, OpenAIChatPolicy
+from .collect import shopping_trace
+from .episode import run_message_episode, play
 
 # %% auto #0
 __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS', 'NAV_TOOLS',
@@ -23,8 +27,9 @@ __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE'
            'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories', 'check_events', 'check_outcome',
            'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
            'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
-           'write_eval_summary', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
-           'eval_outcomes', 'pairable', 'compare', 'write_comparison']
+           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'write_eval_summary', 'evaluate_model',
+           'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
+           'write_comparison']
 
 # %% ../nbs/07_evaluate.ipynb #01083dd1
 def task_list_sha256(tasks:list[Task]) -> str:
@@ -100,7 +105,7 @@ def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None):
     "A local checkpoint as a greedy token policy, and the runner arguments it needs."
     from shopping_grpo.model import materialize_model
     from shopping_grpo.generate import TransformersPolicy
-    from shopping_grpo.agent import ChatRenderer
+    from shopping_grpo.episode import ChatRenderer
     pol = TransformersPolicy(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device); pol.name = spec.name
     return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens)
 
@@ -314,7 +319,7 @@ def length_stratum(steps:int) -> str: return 'short (<=8)' if steps <= 8 else 'm
 def task_strata(shop:Shop, tasks:list[Task]):
     "Each task's strata: number of constraints, and episode length (the oracle's steps)."
     import polars as pl
-    steps = [run_episode(shop, OracleShopper(shop.catalog), t)['n_steps'] for t in tasks]
+    steps = [run_message_episode(shop, t, ShopperPolicy(OracleShopper(shop.catalog)))['n_steps'] for t in tasks]
     return pl.DataFrame(dict(task_id=[t.task_id for t in tasks], n_constraints=[t.facts.n_constraints for t in tasks], constraints=[t.stratum for t in tasks],
                              expert_steps=steps, length=[length_stratum(s) for s in steps]))
 
@@ -356,6 +361,46 @@ def tool_mix(table) -> dict:
     tools = [c for c in table.columns if c.startswith('tool_')]
     tot = {c.removeprefix('tool_'): int(table[c].fill_null(0).sum()) for c in tools}; n = max(1, sum(tot.values()))
     return {k: round(v / n, 4) for k, v in sorted(tot.items(), key=lambda kv: -kv[1]) if v}
+
+# %% ../nbs/07_evaluate.ipynb #e2bbb45a
+def summarize(records:list[dict], task_ids:list[str], **meta) -> dict:
+    "The evaluation summary: rates over all `task_ids`, whatever records exist."
+    by = {r['task_id']: r for r in records}; n = len(task_ids); rs = [by[t] for t in task_ids if t in by]
+    rate = lambda k: round(sum(bool(r[k]) for r in rs) / n, 4) if n else 0.0
+    out = dict(n_tasks=n, n_episodes=len(rs), strict_success=rate('strict_success'), purchase_success=rate('purchase_success'),
+               done_rate=round(sum(r['termination_reason'] in ('purchase', 'finish') for r in rs) / n, 4) if n else 0.0,
+               mean_reward=round(sum(r['reward'] for r in rs) / n, 4) if n else 0.0,
+               mean_steps=round(sum(r['n_steps'] for r in rs) / max(1, len(rs)), 2),
+               invalid_actions=sum(r['n_invalid'] for r in rs),
+               outcomes=dict(sorted(Counter(r['reward_detail']['outcome'] for r in rs).items())))
+    return {**out, **meta}
+
+def by_stratum(recs:list[dict], tasks:list[Task]) -> dict:
+    "Strict success per stratum (number of constraints), over all tasks of each stratum."
+    groups = {}
+    for t in tasks: groups.setdefault(t.stratum, []).append(t.task_id)
+    return {k: summarize(recs, ids)['strict_success'] for k, ids in sorted(groups.items())}
+
+# %% ../nbs/07_evaluate.ipynb #19c2b879
+def write_summary(out_dir, recs:list[dict], tasks:list[Task], name:str, shop:Shop, config:dict, seconds:float) -> dict:
+    "The summary of `recs` over the whole task list, written as `summary.json`."
+    ids = {t.task_id for t in tasks}; rs = [r for r in recs if r['task_id'] in ids]; n = max(1, len(rs))
+    s = summarize(rs, [t.task_id for t in tasks], model=name, config=config, benchmark_sha256=benchmark_hash(shop.catalog.lang),
+                  catalog_sha256=shop.catalog.sha256, versions=package_versions(), seconds=round(seconds, 2), by_stratum=by_stratum(rs, tasks))
+    s.update(guard_rejections=sum(r.get('flags', {}).get('guard_rejection', 0) for r in rs),
+             malformed_replies=sum(v for r in rs for k, v in r.get('flags', {}).items() if k in ('malformed', 'no_call', 'empty', 'truncated')),
+             infrastructure_invalid=sum(bool(r.get('infrastructure_invalid')) for r in rs),
+             tool_mix=dict(sum((Counter(r.get('tool_counts', {})) for r in rs), Counter())))
+    write_atomic(Path(out_dir)/'summary.json', json.dumps(s, indent=1, ensure_ascii=False)); return s
+
+# %% ../nbs/07_evaluate.ipynb #1336046d
+def evaluate(shop:Shop, tasks:list[Task], policy, out_dir, renderer=None, lang:str='en', max_turns:int=35, workers:int=1, batch_size:int=64,
+             config:dict|None=None, progress:bool=True, make_env=None, **token_kw) -> dict:
+    "Play `policy` on every task not yet done in `out_dir` (the one runner of `03_agent`), then write and return the summary."
+    out_dir = Path(out_dir); t0 = time.time(); name = getattr(policy, 'name', 'model')
+    recs = play(shop, tasks, policy, out_dir/'trajectories.jsonl', progress, renderer=renderer, lang=lang, max_turns=max_turns, workers=workers,
+                batch_size=batch_size, make_env=make_env, **token_kw)
+    return write_summary(out_dir, list(recs.values()), tasks, name, shop, dict(config or {}, lang=lang, max_turns=max_turns), time.time() - t0)
 
 # %% ../nbs/07_evaluate.ipynb #acb98a7a
 VERSIONED = ('shopping_grpo', 'polars', 'numpy', 'tantivy', 'torch', 'transformers', 'openai', 'scipy', 'statsmodels')

@@ -9,8 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from fastcore.basics import patch
-from .env import write_atomic
-from .agent import run_lockstep, evaluate, append_record, hermes_text, TokenEpisode, Episode, ChatRenderer
+from .records import write_atomic, append_record
+from .episode import run_lockstep, hermes_text, TokenEpisode, Episode, ChatRenderer
+from .evaluate import evaluate
 
 # %% auto #0
 __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'played',

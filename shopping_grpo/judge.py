@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Literal
 from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from .env import subcategories, write_atomic
+from .env import subcategories
+from .records import write_atomic, package_versions, read_records, repair_tail, append_record
 from .tasks import Task
-from .reward import summarize, package_versions
-from .agent import approx_tokens, read_records, repair_tail, append_record
+from .evaluate import summarize
+from .tools import approx_tokens
 
 # %% auto #0
 __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'CUTS', 'FORBIDDEN',

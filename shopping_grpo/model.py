@@ -74,12 +74,12 @@ MATERIALIZE_RECIPE = 1  # bump when the build below changes, so existing checkpo
 CHECKPOINT_FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json')
 
 def _wanted(gguf:Path) -> dict:
-    from shopping_grpo.env import sha256_file  # imported here: this module runs on GPU machines without the shop's libraries
+    from shopping_grpo.records import sha256_file  # imported here: this module runs on GPU machines without the shop's libraries
     return dict(recipe=MATERIALIZE_RECIPE, gguf=gguf.name, gguf_sha256=sha256_file(gguf), chat_template_sha256=sha256_file(chat_template_path()))
 
 def materialized_ok(path, wanted:dict) -> bool:
     "Whether `path` holds a complete checkpoint built from what `wanted` describes, with intact weights."
-    from shopping_grpo.env import sha256_file
+    from shopping_grpo.records import sha256_file
     path = Path(path)
     try: rec = json.loads((path/'materialized.json').read_text())
     except (OSError, ValueError): return False
@@ -97,7 +97,7 @@ def _versions() -> dict:
 def _build_smollm2(gguf:Path, out:Path, wanted:dict) -> dict:
     "Write the bf16 checkpoint of `gguf` into the empty folder `out`; its record."
     from transformers import GenerationConfig
-    from shopping_grpo.env import sha256_file
+    from shopping_grpo.records import sha256_file
     t0 = time.time()
     model = _dequantized_model(gguf); tok = _fixed_tokenizer(gguf, model.config.max_position_embeddings)
     model.config.eos_token_id, model.config.pad_token_id = tok.eos_token_id, tok.pad_token_id

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from fastcore.basics import patch
-from .env import write_atomic
+from .records import write_atomic
 
 # %% auto #0
 __all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_FIGURES', 'PANELS', 'OUTCOME_COLORS',
@@ -362,7 +362,7 @@ def steps_chart(rows:list[dict], names:list[str]):
 def tools_chart(rows:list[dict], names:list[str]):
     "Share of each tool among a model's calls."
     import altair as alt, polars as pl
-    from shopping_grpo.agent import TOOL_SPECS
+    from shopping_grpo.tools import TOOL_SPECS
     tools = [t for t in TOOL_SPECS if any(r['tool'] == t for r in rows)] + sorted({r['tool'] for r in rows} - set(TOOL_SPECS))
     return alt.Chart(pl.DataFrame(rows)).mark_bar().encode(
         y=alt.Y('tool:N', sort=tools, title=None), yOffset=alt.YOffset('model:N', sort=names), x=alt.X('share:Q', axis=alt.Axis(format='%'), title='share of calls'),

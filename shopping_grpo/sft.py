@@ -8,8 +8,8 @@ import hashlib, json, math, shutil, time
 from collections import Counter
 from dataclasses import dataclass, asdict
 from pathlib import Path
-from .env import write_atomic, sha256_file
-from .agent import ChatRenderer, hermes_text
+from .records import write_atomic, sha256_file
+from .episode import ChatRenderer, hermes_text
 from .collect import load_trajectories
 
 # %% auto #0
@@ -325,7 +325,7 @@ def turn_agreement(model, tokenizer, records:list[dict], max_len:int=8192, progr
     "One row per assistant turn of the teacher's `records`: the previous tool, the teacher's tool and how the model's greedy turn departs from it."
     import torch
     from tqdm.auto import tqdm
-    from shopping_grpo.agent import TOOL_SPECS
+    from shopping_grpo.tools import TOOL_SPECS
     renderer, rows = ChatRenderer(tokenizer), []
     dev, head = next(model.parameters()).device, model.get_output_embeddings(); model.eval()
     for rec in tqdm(records, desc='teacher-forced episodes', disable=not progress):

@@ -10,8 +10,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
-from .env import write_atomic
-from .agent import ExpertPolicy, Episode
+from .records import write_atomic
+from .policies import ExpertPolicy
+from .episode import Episode
 from .grpo import episode_valid, page_keys, played, last_checkpoint, CREDITS
 
 # %% auto #0

@@ -7,13 +7,12 @@ from __future__ import annotations
 import hashlib, json, random, zlib
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from .env import Catalog, LANGS, build_catalog, write_atomic, sha256_file
-from .env import SearchIndex
-from .env import variant_price
+from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price
+from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
 __all__ = ['PHRASES', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK', 'TaskFacts', 'Task', 'satisfies', 'word_request',
-           'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks', 'data_dir',
+           'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
            'load_benchmark', 'verify_task', 'freeze_benchmark']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
@@ -197,10 +196,6 @@ def read_tasks(path, catalog:Catalog|None=None) -> list[Task]:
 
 # %% ../nbs/01_tasks.ipynb #ea55d856
 BENCHMARK = dict(n_products=20_000, seed=0, task_seed=1, n_tasks=200)
-
-def data_dir() -> Path:
-    "The repository's `data/` folder (frozen benchmark and its hashes)."
-    return Path(__file__).resolve().parent.parent/'data' if '__file__' in globals() else Path('../data').resolve()
 
 def load_benchmark(catalog:Catalog, lang:str|None=None) -> list[Task]:
     "The frozen benchmark, verified against `data/benchmark.sha256` and the catalog."

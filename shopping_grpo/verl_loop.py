@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Optional
 import typer
 from fastcore.basics import patch
-from .env import write_atomic, sha256_file
-from .reward import Shop, prepare_shop
-from .agent import Episode, TokenEpisode, ChatRenderer, load_chat_template, append_record
+from .records import write_atomic, sha256_file, append_record
+from .shop import Shop, prepare_shop
+from .episode import Episode, TokenEpisode, ChatRenderer, load_chat_template
 from .step_credit import turn_scores
 
 # %% auto #0
@@ -235,7 +235,7 @@ def verl_prepare(cfg:GRPOConfig, run_dir, extra=()) -> dict:
     import yaml
     from transformers import AutoTokenizer
     from shopping_grpo.model import materialize_model
-    from shopping_grpo.reward import package_versions
+    from shopping_grpo.records import package_versions
     run_dir = Path(run_dir).resolve(); v = run_dir/'verl'
     shop = prepare_shop(run_dir, cfg.n_products, cfg.seed, cfg.task_seed, cfg.lang, sizes=None, progress=False)
     model_path = str(materialize_model(cfg.model)); tok = AutoTokenizer.from_pretrained(model_path)

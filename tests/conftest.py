@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from shopping_grpo.reward import prepare_shop, run_episode, OracleShopper
+from shopping_grpo.episode import run_message_episode
+from shopping_grpo.policies import ShopperPolicy
+from shopping_grpo.shop import prepare_shop
+from shopping_grpo.shoppers import OracleShopper
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 # Hypothesis: no per-example deadline (CI machines are slow and noisy); example counts are set per test.
@@ -34,4 +37,4 @@ def all_tasks(shop):
 @pytest.fixture(scope='session')
 def oracle_records(shop, all_tasks):
     "task_id -> the oracle's in-process trajectory record."
-    return {t.task_id: run_episode(shop, OracleShopper(shop.catalog), t) for t in all_tasks}
+    return {t.task_id: run_message_episode(shop, t, ShopperPolicy(OracleShopper(shop.catalog))) for t in all_tasks}

@@ -16,7 +16,7 @@ def _vllm_python_or_skip():
 
 @pytest.fixture(scope='module')
 def served_shop(tmp_path_factory):
-    from shopping_grpo.reward import prepare_shop
+    from shopping_grpo.shop import prepare_shop
     from shopping_grpo.model import free_port
     run = tmp_path_factory.mktemp('shop')
     shop = prepare_shop(run, 3000, 0, 1, 'en', sizes=dict(sft=10, grpo_train=10, grpo_val=10, eval=10), progress=False)
@@ -36,7 +36,10 @@ def test_base_model_episodes_over_http(served_shop):
     _vllm_python_or_skip()
     from shopping_grpo.model import VLLMServer
     from shopping_grpo.server import ShopClient
-    from shopping_grpo.agent import OpenAIChatPolicy, RemoteShopEnv, evaluate, read_records
+    from shopping_grpo.policies import OpenAIChatPolicy
+    from shopping_grpo.server import RemoteShopEnv
+    from shopping_grpo.evaluate import evaluate
+    from shopping_grpo.records import read_records
     shop, url = served_shop; client = ShopClient(url); tasks = shop.tasks['eval'][:3]
     with VLLMServer('smollm2', name='smollm2-test', extra_args=['--enforce-eager']) as llm:
         pol = OpenAIChatPolicy(model=llm.name, base_url=llm.base_url, max_tokens=96, name='base')

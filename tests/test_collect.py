@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses, http.server, json, os, random, signal, subprocess, sys, threading, time, types
 import pytest
 
-from shopping_grpo.agent import ExpertPolicy, OpenAIChatPolicy, run_message_episode
+from shopping_grpo.policies import ExpertPolicy, OpenAIChatPolicy
+from shopping_grpo.episode import run_message_episode
 from shopping_grpo.collect import (collect, load_trajectories, split_accepted, write_sft_split, check_disjoint, rejection)
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 WORKER = f'''
 import sys, time
-from shopping_grpo.reward import prepare_shop
-from shopping_grpo.agent import ExpertPolicy
+from shopping_grpo.shop import prepare_shop
+from shopping_grpo.policies import ExpertPolicy
 from shopping_grpo.collect import collect
 run, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 shop = prepare_shop(run, {N_PRODUCTS}, {SEED}, {TASK_SEED}, {LANG!r}, sizes={SIZES!r}, progress=False)

@@ -3,7 +3,8 @@ from __future__ import annotations
 import json, shutil
 import pytest
 
-from shopping_grpo.env import LANGS, Catalog, build_catalog, sha256_file
+from shopping_grpo.env import LANGS, Catalog, build_catalog
+from shopping_grpo.records import sha256_file
 from shopping_grpo.tasks import make_tasks, write_tasks, read_tasks
 
 N = 500

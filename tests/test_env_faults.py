@@ -5,8 +5,10 @@ from dataclasses import asdict
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck, assume
 
+from shopping_grpo.episode import run_message_episode
+from shopping_grpo.policies import ShopperPolicy
 from shopping_grpo.env import InvalidAction, render_state, parse_action, query_terms, NAV
-from shopping_grpo.reward import RandomShopper, run_episode
+from shopping_grpo.shoppers import RandomShopper
 
 TERMINATIONS = {'purchase', 'finish', 'repeat_loop', 'no_progress', 'max_steps'}
 
@@ -117,7 +119,7 @@ def test_random_episodes_always_end(shop, max_steps):
         assert env.done, f'{task.task_id}: not done after {max_steps} steps'
         assert env.log.steps <= max_steps and env.log.termination_reason in TERMINATIONS
         assert state['page_type'] == 'terminal' and -0.85 <= env.reward.reward <= 1.0
-        rec = run_episode(shop, RandomShopper(seed=k), task, max_steps=max_steps)
+        rec = run_message_episode(shop, task, ShopperPolicy(RandomShopper(seed=k)), max_turns=max_steps)
         assert rec['n_steps'] + rec['n_invalid'] <= max_steps and len(rec['steps']) <= max_steps
         assert rec['termination_reason'] in TERMINATIONS and -0.85 <= rec['reward'] <= 1.0
         assert rec['reward_detail'] == env.reward.as_dict()  # same seed, same episode

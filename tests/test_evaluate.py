@@ -12,9 +12,9 @@ from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 WORKER = f'''
 import sys, time
-from shopping_grpo.reward import prepare_shop
-from shopping_grpo.reward import OracleShopper
-from shopping_grpo.agent import ShopperPolicy
+from shopping_grpo.shop import prepare_shop
+from shopping_grpo.shoppers import OracleShopper
+from shopping_grpo.policies import ShopperPolicy
 from shopping_grpo.evaluate import evaluate_model
 run, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 shop = prepare_shop(run, {N_PRODUCTS}, {SEED}, {TASK_SEED}, {LANG!r}, sizes={SIZES!r}, progress=False)

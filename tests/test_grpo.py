@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shopping_grpo.agent import ChatRenderer
+from shopping_grpo.episode import ChatRenderer
 from shopping_grpo.sft import tiny_model
 from shopping_grpo.grpo import (GRPORecipe, ShopRollout, ScriptedTokens, DiskFull, grpo_recipe, train_grpo, read_metrics,
                                 rollout_output, episode_valid, grpo_monitor, GRPORun, _durable)

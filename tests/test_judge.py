@@ -9,8 +9,10 @@ import pytest, uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from shopping_grpo.agent import evaluate, ExpertPolicy, ShopperPolicy, read_records
-from shopping_grpo.reward import HeuristicShopper, OracleShopper
+from shopping_grpo.evaluate import evaluate
+from shopping_grpo.policies import ExpertPolicy, ShopperPolicy
+from shopping_grpo.records import read_records
+from shopping_grpo.shoppers import HeuristicShopper, OracleShopper
 from shopping_grpo.model import free_port
 from shopping_grpo.tasks import Task, TaskFacts
 from shopping_grpo.judge import (Endpoint, Unavailable, code_rubric, candidates, freeze_rubrics, read_rubrics, judge_messages,

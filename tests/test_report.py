@@ -39,7 +39,7 @@ def judge_files(run_dir, tasks, model:str) -> str:
 @pytest.fixture(scope='module')
 def report(tmp_path_factory):
     "A report of a small evaluated run, with one judged episode; its folder and the judged task."
-    from shopping_grpo.reward import prepare_shop
+    from shopping_grpo.shop import prepare_shop
     from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata, write_comparison
     from shopping_grpo.report import build_report
     run = tmp_path_factory.mktemp('run')

@@ -8,10 +8,13 @@ import copy, math
 import pytest
 from hypothesis import given, settings, strategies as st, assume, event
 
+from shopping_grpo.episode import run_message_episode
+from shopping_grpo.policies import ShopperPolicy
 from shopping_grpo.env import Catalog, EpisodeLog, SECTIONS, catalog_frame, variant_price
 from shopping_grpo import reward as R
-from shopping_grpo.reward import (REWARDS, WEIGHTS, RandomShopper, OracleShopper, check_gates, partial_reward, prepare_shop,
-                                  resolved_options, run_episode, score_episode, soft_match)
+from shopping_grpo.reward import REWARDS, WEIGHTS, check_gates, partial_reward, resolved_options, score_episode, soft_match
+from shopping_grpo.shoppers import RandomShopper, OracleShopper
+from shopping_grpo.shop import prepare_shop
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 LO, HI = -0.85, 1.0
@@ -227,7 +230,7 @@ def test_same_episode_same_detail(shop, all_tasks, pools, data):
 def test_same_actions_same_detail_in_the_env(shop, all_tasks, data):
     "Replaying an episode's actions gives the same pages and the same reward detail."
     task = data.draw(st.sampled_from(all_tasks), label='task'); seed = data.draw(st.integers(0, 10**6), label='seed')
-    a = run_episode(shop, RandomShopper(seed), task); b = run_episode(shop, RandomShopper(seed), task)
+    a = run_message_episode(shop, task, ShopperPolicy(RandomShopper(seed))); b = run_message_episode(shop, task, ShopperPolicy(RandomShopper(seed)))
     assert a['steps'] == b['steps'] and a['reward_detail'] == b['reward_detail']
     assert a['n_invalid'] == 0  # RandomShopper only proposes what the page allows
     env = shop.env(); env.reset(task.instruction, task)
@@ -239,6 +242,6 @@ def test_reloaded_shop_scores_identically(shop_dir, shop, oracle_records):
     "A shop loaded afresh from disk gives the same oracle episodes, detail for detail."
     again = prepare_shop(shop_dir, N_PRODUCTS, SEED, TASK_SEED, LANG, sizes=dict(SIZES), progress=False)
     for task_id, rec in oracle_records.items():
-        r = run_episode(again, OracleShopper(again.catalog), again.task(task_id))
+        r = run_message_episode(again, again.task(task_id), ShopperPolicy(OracleShopper(again.catalog)))
         assert r['steps'] == rec['steps'] and r['reward_detail'] == rec['reward_detail']
 

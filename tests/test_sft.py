@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from shopping_grpo.agent import ExpertPolicy, run_message_episode, scripted_run, ChatRenderer, append_record, Episode, TokenEpisode
+from shopping_grpo.policies import ExpertPolicy
+from shopping_grpo.episode import run_message_episode, scripted_run, ChatRenderer, Episode, TokenEpisode
+from shopping_grpo.records import append_record
 from shopping_grpo.sft import SFTData, SFTConfig, sft_example, train_sft, merge_lora, action_loss, tiny_model, IGNORE
 
 

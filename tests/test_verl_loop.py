@@ -11,7 +11,7 @@ pytest.importorskip('verl.experimental.agent_loop.agent_loop',
                     reason='veRL is not importable in this interpreter; `make test-verl` runs these tests in .venv-verl')
 
 from omegaconf import OmegaConf
-from shopping_grpo.agent import ChatRenderer, Episode, load_chat_template, scripted_run
+from shopping_grpo.episode import ChatRenderer, Episode, load_chat_template, scripted_run
 from shopping_grpo.model import materialize_model
 from shopping_grpo.verl_loop import (AGENT_NAME, GRPOConfig, LoopSettings, grpo_overrides, write_agent_loop_config,
                                      write_verl_dataset)
