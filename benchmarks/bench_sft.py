@@ -10,15 +10,8 @@ give (teacher forcing) by the base and the merged model; a turn matches when its
     python benchmarks/bench_sft.py --train outputs/collect-smoke/collect/sft_train.jsonl --val outputs/collect-smoke/collect/sft_val.jsonl
 """
 from __future__ import annotations
-import argparse, gzip, json, shutil, time
+import argparse, json, shutil, time
 from pathlib import Path
-
-
-def plain(path, run:Path) -> Path:
-    "`path` itself, or its decompressed copy under `run` when it ends in .gz."
-    path = Path(path)
-    if path.suffix != '.gz': return path
-    out = run/path.stem; out.write_bytes(gzip.decompress(path.read_bytes())); return out
 
 
 def turn_contexts(rows:list[dict], ignore:int=-100) -> list[tuple[list[int], list[int]]]:
@@ -50,15 +43,17 @@ def main():
     ap.add_argument('--epochs', type=float, default=3); ap.add_argument('--variants', default='4x4,8x2:1', help='BxG[:epochs], comma-separated; the first is merged and checked')
     ap.add_argument('--match-rows', type=int, default=40); ap.add_argument('--out', default='benchmarks/results/sft_speed.json')
     a = ap.parse_args()
-    import torch, transformers, peft
+    import torch
+    from shopping_grpo.records import package_versions
     from transformers import AutoTokenizer, AutoModelForCausalLM
     from shopping_grpo.model import materialize_model
     from shopping_grpo.sft import SFTData, train_sft, merge_lora, sft_config, action_loss
     from shopping_grpo.generate import TransformersPolicy
     run = Path(a.run); run.mkdir(parents=True, exist_ok=True); dev = 'cuda' if torch.cuda.is_available() else 'cpu'
     base = materialize_model(a.model); tok = AutoTokenizer.from_pretrained(str(base))
-    t0 = time.time(); train, val = SFTData(plain(a.train, run), tok, 8192), SFTData(plain(a.val, run), tok, 8192)
-    res = dict(device=torch.cuda.get_device_name() if dev == 'cuda' else 'cpu', torch=torch.__version__, transformers=transformers.__version__, peft=peft.__version__,
+    t0 = time.time(); train, val = SFTData(a.train, tok, 8192), SFTData(a.val, tok, 8192)  # .gz files are read as they are
+    res = dict(device=torch.cuda.get_device_name() if dev == 'cuda' else 'cpu',
+               versions=package_versions(('torch', 'transformers', 'peft')),
                data=dict(train=train.counts, val=val.counts, build_seconds=round(time.time() - t0, 1)), runs=[])
     print(json.dumps(res['data']), flush=True)
     for v in a.variants.split(','):

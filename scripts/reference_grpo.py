@@ -32,25 +32,38 @@ def log(msg): print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def parse():
+    import shopping_grpo.step_credit  # registers the step-credit variants with the engine
+    from shopping_grpo.grpo import CREDITS
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('sft', help='start model: the SFT merged checkpoint (or any checkpoint path, or smollm2)')
     ap.add_argument('--run', default='outputs/reference-run', help='run folder: shop files, grpo/ and eval/ go here')
     ap.add_argument('--out', default='outputs/reference', help='folder for the small result files')
     ap.add_argument('--stages', default='grpo,eval_sft,eval_grpo,compare')
-    ap.add_argument('--steps', type=int, default=50); ap.add_argument('--groups', type=int, default=8); ap.add_argument('--group-size', type=int, default=4)
-    ap.add_argument('--micro-batch', type=int, default=4); ap.add_argument('--lr', type=float, default=2e-5)
-    ap.add_argument('--val-every', type=int, default=10); ap.add_argument('--n-val', type=int, default=64)
-    ap.add_argument('--max-turns', type=int, default=35); ap.add_argument('--max-new-tokens', type=int, default=128)
-    ap.add_argument('--decoder', default='static', choices=['static', 'generate'])
-    ap.add_argument('--merged-decode', action=argparse.BooleanOptionalAction, default=True, help='decode rollouts with a merged copy of the model (06_grpo)')
-    ap.add_argument('--extra-groups', type=int, default=4, help='dynamic sampling: extra groups played in the same lockstep pass')
-    ap.add_argument('--resample-rounds', type=int, default=0, help='dynamic sampling, second-pass form: extra lockstep passes for flat groups')
-    ap.add_argument('--lockstep-batch', type=int, default=48, help='episodes decoded together at most (groups + extra groups, times the group size)')
+    recipe = "default: 06_grpo's GPU recipe"  # the recipe knobs left unset come from grpo_recipe('gpu')
+    ap.add_argument('--steps', type=int, default=None, help=f'training steps ({recipe})')
+    ap.add_argument('--groups', type=int, default=None, help=f'tasks a step ({recipe})')
+    ap.add_argument('--group-size', type=int, default=None, help=f'episodes a task ({recipe})')
+    ap.add_argument('--micro-batch', type=int, default=None, help=f'episodes a forward/backward pass ({recipe})')
+    ap.add_argument('--lr', type=float, default=None, help=f'learning rate ({recipe})')
+    ap.add_argument('--val-every', type=int, default=None, help=f'steps between validations ({recipe})')
+    ap.add_argument('--n-val', type=int, default=None, help=f'validation tasks ({recipe})')
+    ap.add_argument('--max-turns', type=int, default=None, help=f'turns an episode ({recipe})')
+    ap.add_argument('--max-new-tokens', type=int, default=None, help=f'tokens a turn ({recipe})')
+    ap.add_argument('--decoder', default=None, choices=['static', 'generate'], help=f'rollout decoder ({recipe})')
+    ap.add_argument('--merged-decode', action=argparse.BooleanOptionalAction, default=None,
+                    help=f'decode rollouts with a merged copy of the model ({recipe})')
+    ap.add_argument('--extra-groups', type=int, default=None,
+                    help=f'dynamic sampling: extra groups played in the same lockstep pass ({recipe})')
+    ap.add_argument('--resample-rounds', type=int, default=None,
+                    help=f'dynamic sampling, second-pass form: extra lockstep passes for flat groups ({recipe})')
+    ap.add_argument('--lockstep-batch', type=int, default=None,
+                    help=f'episodes decoded together at most: groups + extra groups, times the group size ({recipe})')
     ap.add_argument('--tasks', type=int, default=0, help='use only this many grpo_train tasks (0: all)')
     ap.add_argument('--split-sizes', type=json.loads, default=None, help='task split sizes as JSON (a small shop); default: 01_tasks sizes')
     ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=32)
-    ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu']); ap.add_argument('--seed', type=int, default=0)
-    ap.add_argument('--credit', default='episode', choices=['episode', 'spa', 'steps'], help='step credit: plain GRPO, progress estimates, same-page step groups')
+    ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu'])
+    ap.add_argument('--seed', type=int, default=None, help=f'training seed ({recipe})')
+    ap.add_argument('--credit', default='episode', choices=list(CREDITS), help='step credit: plain GRPO, progress estimates, same-page step groups')
     ap.add_argument('--time-budget-min', type=float, default=0, help='stop training cleanly (with a checkpoint) after this many minutes; 0: no limit')
     return ap.parse_args()
 
@@ -134,10 +147,12 @@ def main():
     if a.tasks: shop.tasks['grpo_train'] = shop.tasks['grpo_train'][:a.tasks]
     restore_evals(run, out)
     variant = variant_name(a.credit); grpo_dir, res = run/variant, out/variant
+    cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr,
+                      val_every=a.val_every, n_val=a.n_val, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, decoder=a.decoder,
+                      resample_rounds=a.resample_rounds, extra_groups=a.extra_groups, merged_decode=a.merged_decode,
+                      lockstep_batch=a.lockstep_batch, seed=a.seed, credit=a.credit)
+    a.max_turns, a.max_new_tokens = cfg.max_turns, cfg.max_new_tokens  # the benchmark plays with the recipe's limits
     if 'grpo' in stages:
-        cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr, val_every=a.val_every,
-                          n_val=a.n_val, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, decoder=a.decoder, resample_rounds=a.resample_rounds,
-                          extra_groups=a.extra_groups, merged_decode=a.merged_decode, lockstep_batch=a.lockstep_batch, seed=a.seed, credit=a.credit)
         log(f'{variant}: {cfg}')
         s = train_grpo(a.sft, shop, grpo_dir, cfg, 'en', callbacks=[time_budget(a.time_budget_min)])
         m = read_metrics(grpo_dir/'metrics.jsonl'); b = bench(m, s)
@@ -146,9 +161,9 @@ def main():
             if (grpo_dir/f).exists(): shutil.copy(grpo_dir/f, res/f)
         (res/'bench.json').write_text(json.dumps(b, indent=1))
         for v in (grpo_dir/'val').glob('step-*/summary.json'): shutil.copy(v, res/'val'/f'{v.parent.name}.json')
-        log(f"{variant}: {s['final_step']}/{a.steps} steps, chosen step {s['chosen_step']} {s['chosen']}, start {s['start']}, skipped {s['skipped_steps']}, {s['minutes']} min")
+        log(f"{variant}: {s['final_step']}/{cfg.max_steps} steps, chosen step {s['chosen_step']} {s['chosen']}, start {s['start']}, skipped {s['skipped_steps']}, {s['minutes']} min")
         log(f'bench: {b}')
-        if s['final_step'] < a.steps: log(f"stopped by the time budget after {s['final_step']} of {a.steps} steps: evaluating the best validated checkpoint")
+        if s['final_step'] < cfg.max_steps: log(f"stopped by the time budget after {s['final_step']} of {cfg.max_steps} steps: evaluating the best validated checkpoint")
     for stage, name, path in [('eval_sft', 'sft', a.sft), ('eval_grpo', variant, grpo_dir/'merged')]:
         if stage not in stages: continue
         s = evaluate_checkpoint(shop, name, str(materialize_model(str(path))), run, a); keep_eval(run, out, name, s)

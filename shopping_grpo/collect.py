@@ -4,10 +4,11 @@
 
 # %% ../nbs/04_collect.ipynb #1d766c6a
 from __future__ import annotations
-import hashlib, json, os, re, time, warnings
+import hashlib, json, re, time, warnings
 from collections import Counter
 from pathlib import Path
-from .records import write_atomic, sha256_file, package_versions, benchmark_hash, TRAJECTORY_VERSION, append_record, repair_tail
+from .records import (write_atomic, sha256_file, package_versions, benchmark_hash, append_record,
+                                   repair_tail, read_jsonl, Trajectory, code_sha256, task_list_sha256, pin_run)
 from .tasks import Task
 from .shop import Shop
 from .episode import run_message_episode
@@ -15,73 +16,58 @@ from .tools import parse_reply
 from .policies import ExpertPolicy
 
 # %% auto #0
-__all__ = ['SHOP_CODE', 'VOLATILE', 'HELD_OUT', 'rejection', 'load_trajectories', 'resume', 'code_sha256', 'pin_run',
-           'shopping_trace', 'words', 'ungrounded', 'behaviour', 'Prefix', 'accepted_prefix', 'run_pool', 'collect',
-           'content_hash', 'write_records', 'write_collection', 'split_accepted', 'check_disjoint', 'write_sft_split']
+__all__ = ['VOLATILE', 'HELD_OUT', 'rejection', 'load_trajectories', 'resume', 'shopping_trace', 'words', 'ungrounded',
+           'behaviour', 'Prefix', 'accepted_prefix', 'run_pool', 'collect', 'content_hash', 'write_records',
+           'write_collection', 'split_accepted', 'check_disjoint', 'write_sft_split']
 
 # %% ../nbs/04_collect.ipynb #b56306ff
 def rejection(rec:dict) -> str|None:
     "Why trajectory `rec` is not kept for SFT, or None when it is accepted."
     if rec.get('infrastructure_invalid'): return f"infrastructure:{rec['termination_reason']}"
-    if bad := sorted(k for k, v in (rec.get('flags') or {}).items() if v): return f'flag:{bad[0]}'  # guard_rejection, malformed, no_call, empty, truncated, policy_error
+    # guard_rejection, malformed, no_call, empty, truncated, policy_error
+    if bad := sorted(k for k, v in (rec.get('flags') or {}).items() if v): return f'flag:{bad[0]}'
     if not rec.get('strict_success'): return f"outcome:{rec['reward_detail']['outcome']}"
     return None
 
 # %% ../nbs/04_collect.ipynb #8c54e88e
-def _check(r, where:str, known:dict|None, seen:set) -> dict:
-    if not isinstance(r, dict) or not isinstance(r.get('task_id'), str): raise ValueError(f"{where}: not a trajectory record (no task_id)")
-    if r.get('version') != TRAJECTORY_VERSION: raise ValueError(f"{where}: trajectory version {r.get('version')!r}; this code reads version {TRAJECTORY_VERSION}")
-    if known is not None and r['task_id'] not in known: raise ValueError(f"{where}: task {r['task_id']!r} is not in the task list ({len(known)} tasks)")
-    if known is not None and r.get('instruction') != known[r['task_id']]: raise ValueError(f"{where}: task {r['task_id']!r} has another request in the task list (tasks remade?)")
-    if r['task_id'] in seen: raise ValueError(f"{where}: task {r['task_id']!r} appears twice")
-    seen.add(r['task_id']); return r
+def _check(r:dict, where:str, known:dict|None, seen:set) -> dict:
+    "The record `r`, refused unless it is a trajectory of a task of `known` not `seen` before."
+    if not isinstance(r.get('task_id'), str): raise ValueError(f"{where}: not a trajectory record (no task_id)")
+    Trajectory.from_dict(r, where)  # its version and its fields
+    tid = r['task_id']
+    if known is not None and tid not in known:
+        raise ValueError(f"{where}: task {tid!r} is not in the task list ({len(known)} tasks)")
+    if known is not None and r.get('instruction') != known[tid]:
+        raise ValueError(f"{where}: task {tid!r} has another request in the task list (tasks remade?)")
+    if tid in seen: raise ValueError(f"{where}: task {tid!r} appears twice")
+    seen.add(tid)
+    return r
 
-def load_trajectories(path, tasks:list[Task]|None=None, torn_ok:bool=False) -> list[dict]:
-    "The validated records of a trajectory JSONL file, in file order."
-    path = Path(path); lines = path.read_bytes().decode('utf-8').split('\n')
-    known, seen, out = None if tasks is None else {t.task_id: t.instruction for t in tasks}, set(), []
-    for i, line in enumerate(lines):
-        if not line.strip(): continue
-        torn = i == len(lines) - 1  # the last line has no newline: its write may not have finished
-        try: r = json.loads(line)
-        except json.JSONDecodeError as e:
-            if torn and torn_ok: warnings.warn(f"{path}:{i + 1}: skipping a torn last line (interrupted write)"); continue
-            raise ValueError(f"{path}:{i + 1}: " + ('truncated last line: the writer was interrupted' if torn else f'not JSON ({e.msg})')) from None
-        out.append(_check(r, f"{path}:{i + 1}", known, seen))
-    return out
+def load_trajectories(path, tasks:list[Task]|None=None,
+                      torn_ok:bool=False,  # skip a torn last line (with a warning) instead of refusing the file
+                      ) -> list[dict]:
+    "The validated records of a trajectory JSONL file, in file order; a broken line is refused."
+    path = Path(path)
+    if not path.exists(): raise FileNotFoundError(f"no trajectory file {path}")
+    recs, broken = read_jsonl(path, warn=False, numbered=True)
+    for b in broken:
+        if not (b.torn and torn_ok): raise ValueError(f"{b}: the file cannot be used as it is")
+        warnings.warn(f"{b}: skipped")
+    known, seen = None if tasks is None else {t.task_id: t.instruction for t in tasks}, set()
+    return [_check(r, f"{path}:{i}", known, seen) for i, r in recs]
 
 # %% ../nbs/04_collect.ipynb #d805f102
 def resume(path, tasks:list[Task], policy:str, lang:str) -> dict[str, dict]:
     "Finished records of a collection file by task id, after repairing a torn tail; refuses a file of another teacher."
     if not Path(path).exists(): return {}
-    with warnings.catch_warnings(): warnings.simplefilter('ignore'); recs = load_trajectories(path, tasks, torn_ok=True)  # validate before touching the file
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        recs = load_trajectories(path, tasks, torn_ok=True)  # validate before touching the file
     repair_tail(path)
     if other := {(r['policy'], r['lang']) for r in recs} - {(policy, lang)}:
-        raise ValueError(f"{path} holds episodes of {sorted(other)}, not of ({policy!r}, {lang!r}): collect into another folder")
+        raise ValueError(f"{path} holds episodes of {sorted(other)}, not of ({policy!r}, {lang!r}): "
+                         f"collect into another folder")
     return {r['task_id']: r for r in recs}
-
-# %% ../nbs/04_collect.ipynb #2f27aa0b
-SHOP_CODE = ('env', 'tasks', 'reward', 'agent')  # modules whose code shapes an episode
-
-def code_sha256(mods=SHOP_CODE) -> str:
-    "SHA-256 of the source of the modules an episode depends on."
-    import importlib, inspect
-    h = hashlib.sha256()
-    for m in mods: h.update(Path(inspect.getsourcefile(importlib.import_module(f'shopping_grpo.{m}'))).read_bytes())
-    return h.hexdigest()
-
-def pin_run(out_dir, fixed:dict, obsolete=('catalog_sha256', 'code_sha256')):
-    "Record what `out_dir`'s episodes depend on; refuse other settings, and move episodes of an older shop to `stale/`."
-    out_dir = Path(out_dir); path = out_dir/'run.json'
-    old = json.loads(path.read_text('utf-8')) if path.exists() else fixed
-    diff = {k: (old.get(k), fixed.get(k)) for k in sorted(set(old) | set(fixed)) if old.get(k) != fixed.get(k)}
-    if set(diff) - set(obsolete): raise ValueError(f"{out_dir} holds episodes collected with other settings {diff} (then, now): collect into another folder")
-    if diff:
-        import tempfile
-        (out_dir/'stale').mkdir(exist_ok=True); stale = Path(tempfile.mkdtemp(prefix=time.strftime('%Y%m%d-%H%M%S-'), dir=out_dir/'stale'))
-        for f in [p for p in out_dir.iterdir() if p.is_file()]: f.rename(stale/f.name)
-        warnings.warn(f"{out_dir}: the shop changed since its episodes were collected ({', '.join(diff)}); they were moved to {stale} and collection starts afresh")
-    write_atomic(path, json.dumps(fixed, indent=1, ensure_ascii=False))
 
 # %% ../nbs/04_collect.ipynb #3aac61de
 def shopping_trace(rec:dict, catalog=None) -> dict:
@@ -91,15 +77,19 @@ def shopping_trace(rec:dict, catalog=None) -> dict:
         if e['kind'] != 'action' or not nxt or nxt['kind'] != 'observation': continue
         tool, args = e['data']['tool'], e['data']['arguments']
         if tool == 'search_products': q.append(args['query'])
-        elif tool == 'open_product': cur = args['asin']; opened.append(cur)
+        elif tool == 'open_product':
+            cur = args['asin']
+            opened.append(cur)
         elif tool in ('view_features', 'view_description'): read.add(cur)
         elif tool == 'select_option': chose.add(cur)
         elif tool == 'next_page': paged = True
         elif tool == 'buy_now': bought = cur
     others = [a for a in dict.fromkeys(opened) if a != bought]
-    look = bool(others) if catalog is None or not bought else any(catalog.by_asin(a)['cluster'] == catalog.by_asin(bought)['cluster'] for a in others)
-    return dict(task_id=rec['task_id'], queries=q, n_queries=len(q), query_words=[len(x.split()) for x in q], n_opened=len(set(opened)),
-                bought=bought, read_details=bought in read, chose_options=bought in chose, paged=paged, reformulated=len(set(q)) > 1, lookalike_rejected=look)
+    cluster = lambda a: catalog.by_asin(a)['cluster']
+    look = bool(others) if catalog is None or not bought else any(cluster(a) == cluster(bought) for a in others)
+    return dict(task_id=rec['task_id'], queries=q, n_queries=len(q), query_words=[len(x.split()) for x in q],
+                n_opened=len(set(opened)), bought=bought, read_details=bought in read, chose_options=bought in chose,
+                paged=paged, reformulated=len(set(q)) > 1, lookalike_rejected=look)
 
 # %% ../nbs/04_collect.ipynb #10e2b2a6
 def words(text:str) -> list[str]:
@@ -110,28 +100,35 @@ def ungrounded(rec:dict) -> list[tuple[str, list[str]]]:
     "(query, words not seen before it) for each search in the conversation whose query uses unseen words."
     seen, out = set(), []
     for m in rec['messages']:
-        if m['role'] in ('user', 'tool'): seen |= set(words(m['content'])); continue
+        if m['role'] in ('user', 'tool'):
+            seen |= set(words(m['content']))
+            continue
         if m['role'] != 'assistant': continue
         c = parse_reply(m)
-        if getattr(c, 'name', None) == 'search_products' and (new := [w for w in words(c.arguments.get('query', '')) if w not in seen]): out.append((c.arguments['query'], new))
+        if getattr(c, 'name', None) != 'search_products': continue
+        query = c.arguments.get('query', '')
+        if new := [w for w in words(query) if w not in seen]: out.append((c.arguments['query'], new))
     return out
 
 # %% ../nbs/04_collect.ipynb #1a0069b4
 def behaviour(recs:list[dict], shop:Shop) -> dict:
     "Teacher-quality figures over the episodes `recs`."
-    tr = [shopping_trace(r, shop.catalog) for r in recs]; qw = [w for t in tr for w in t['query_words']]
+    tr = [shopping_trace(r, shop.catalog) for r in recs]
+    qw = [w for t in tr for w in t['query_words']]
     share = lambda k, ts=tr: round(sum(bool(t[k]) for t in ts) / max(1, len(ts)), 3)
     opts = [t for t in tr if shop.by_id[t['task_id']].facts.options]
     return dict(n=len(tr), mean_query_words=round(sum(qw) / max(1, len(qw)), 2), max_query_words=max(qw, default=0),
-                mean_queries=round(len(qw) / max(1, len(tr)), 2), mean_opened=round(sum(t['n_opened'] for t in tr) / max(1, len(tr)), 2),
+                mean_queries=round(len(qw) / max(1, len(tr)), 2),
+                mean_opened=round(sum(t['n_opened'] for t in tr) / max(1, len(tr)), 2),
                 read_details=share('read_details'), chose_options=share('chose_options', opts), paged=share('paged'),
                 reformulated=share('reformulated'), lookalike_rejected=share('lookalike_rejected'),
                 grounded_queries=round(1 - sum(len(ungrounded(r)) for r in recs) / max(1, len(qw)), 4))
 
 # %% ../nbs/04_collect.ipynb #01ed1b32
 class Prefix:
-    "The considered prefix of a task list: finished tasks in order, up to the `target`-th accepted; advanced as records arrive."
-    def __init__(self, ids:list[str], done:dict, target:int|None): self.ids, self.done, self.target, self.n, self.accepted = ids, done, target, 0, []
+    "The considered prefix of a task list: finished tasks in order, up to the `target`-th accepted."
+    def __init__(self, ids:list[str], done:dict, target:int|None):
+        self.ids, self.done, self.target, self.n, self.accepted = ids, done, target, 0, []
     @property
     def reached(self) -> bool: return self.target is not None and len(self.accepted) >= self.target
     @property
@@ -145,18 +142,22 @@ class Prefix:
 
 def accepted_prefix(ids:list[str], done:dict, target:int|None) -> tuple[list[str], list[str], bool]:
     "The considered task ids, the accepted ones, and whether `target` was reached."
-    p = Prefix(ids, done, target); p.advance(); return p.considered, p.accepted, p.reached
+    p = Prefix(ids, done, target)
+    p.advance()
+    return p.considered, p.accepted, p.reached
 
 # %% ../nbs/04_collect.ipynb #805c5916
 def run_pool(shop:Shop, todo, policy, lang:str, max_turns:int, workers:int, enough, on_record, make_env=None):
-    "Play the tasks of iterator `todo` on `workers` threads until `enough()`, passing each record to `on_record` (in the caller's thread)."
+    "Play the tasks of iterator `todo` on `workers` threads until `enough()`; each record goes to `on_record`."
+    # on_record runs in the caller's thread
     from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
     fork = getattr(policy, 'fork', lambda: policy)  # stateful policies give each episode its own copy
-    live, error = set(), None
-    with ThreadPoolExecutor(max(1, workers)) as ex:
+    play = lambda t: run_message_episode(shop, t, fork(), lang, max_turns, make_env)
+    live, error, n = set(), None, max(1, workers)
+    with ThreadPoolExecutor(n) as ex:
         while True:
-            while error is None and len(live) < max(1, workers) and not enough() and (t := next(todo, None)) is not None:
-                live.add(ex.submit(lambda t: run_message_episode(shop, t, fork(), lang, max_turns, make_env), t))
+            while error is None and len(live) < n and not enough() and (t := next(todo, None)) is not None:
+                live.add(ex.submit(play, t))
             if not live: break
             fin, live = wait(live, return_when=FIRST_COMPLETED)
             for fu in fin:
@@ -165,27 +166,40 @@ def run_pool(shop:Shop, todo, policy, lang:str, max_turns:int, workers:int, enou
     if error is not None: raise error
 
 # %% ../nbs/04_collect.ipynb #b9b225c5
-def collect(shop:Shop, tasks:list[Task], policy, out_dir, workers:int=4, target_accepted:int|None=None, progress:bool=True,
-            max_turns:int=35, lang:str='en', config:dict|None=None, task_files=(), make_env=None) -> dict:
-    "Run `policy` on `tasks` (resuming) until `target_accepted` episodes are accepted; write raw, accepted and the audit."
+def collect(shop:Shop, tasks:list[Task], policy, out_dir, workers:int=4, target_accepted:int|None=None,
+            progress:bool=True, max_turns:int=35, lang:str='en', config:dict|None=None, task_files=(),
+            make_env=None) -> dict:
+    "Run `policy` on `tasks` (resuming) until `target_accepted` are accepted; write raw, accepted and the audit."
     from tqdm.auto import tqdm
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True); raw, t0 = out_dir/'raw.jsonl', time.time()
-    name = getattr(policy, 'name', 'model'); ids = [t.task_id for t in tasks]
-    fixed = dict(policy=name, model=getattr(policy, 'model', name), base_url=getattr(policy, 'base_url', None), lang=lang, max_turns=max_turns,
-                 catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256())
-    pin_run(out_dir, fixed); done = resume(raw, tasks, name, lang)
-    prefix, n_ok = Prefix(ids, done, target_accepted), Counter(rejection(r) is None for r in done.values())
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw, t0 = out_dir/'raw.jsonl', time.time()
+    name = getattr(policy, 'name', 'model')
+    fixed = dict(policy=name, model=getattr(policy, 'model', name), base_url=getattr(policy, 'base_url', None),
+                 lang=lang, max_turns=max_turns, catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256())
+    pin_run(out_dir, fixed)
+    done = resume(raw, tasks, name, lang)
+    prefix = Prefix([t.task_id for t in tasks], done, target_accepted)
+    n_ok = Counter(rejection(r) is None for r in done.values())
     bar = tqdm(total=target_accepted or len(tasks), desc=f'collect {name}', disable=not progress, mininterval=1)
     def show():  # the bar counts accepted episodes (of the target) or finished ones (no target)
         bar.set_postfix(episodes=len(done), acceptance=f'{n_ok[True] / max(1, len(done)):.0%}', refresh=False)
         bar.update((len(prefix.accepted) if target_accepted else len(done)) - bar.n)
-    def on_record(r): append_record(f, r); done[r['task_id']] = r; n_ok[rejection(r) is None] += 1; prefix.advance(); show()
-    prefix.advance(); show()
+    def on_record(r):
+        append_record(f, r)
+        done[r['task_id']] = r
+        n_ok[rejection(r) is None] += 1
+        prefix.advance()
+        show()
+    prefix.advance()
+    show()
+    todo = iter([t for t in tasks if t.task_id not in done])
     try:
         with open(raw, 'a', encoding='utf-8') as f:
-            run_pool(shop, iter([t for t in tasks if t.task_id not in done]), policy, lang, max_turns, workers, lambda: prefix.reached, on_record, make_env)
+            run_pool(shop, todo, policy, lang, max_turns, workers, lambda: prefix.reached, on_record, make_env)
     except PermissionError as e:
-        raise PermissionError(f"{e}. Collection stopped; the {len(done)} finished episodes are kept in {raw}. Fix the key and rerun to resume.") from None
+        raise PermissionError(f"{e}. Collection stopped; the {len(done)} finished episodes are kept in {raw}. "
+                              f"Fix the key and rerun to resume.") from None
     finally: bar.close()
     cfg = dict(fixed, workers=workers, target_accepted=target_accepted, **(config or {}))
     return write_collection(out_dir, tasks, done, shop, cfg, task_files, time.time() - t0)
@@ -196,37 +210,45 @@ VOLATILE = ('seconds',)  # record fields that differ between identical runs
 def content_hash(recs:list[dict]) -> str:
     "SHA-256 of records without their volatile fields: equal for equal episodes."
     h = hashlib.sha256()
-    for r in recs: h.update(json.dumps({k: v for k, v in r.items() if k not in VOLATILE}, sort_keys=True, ensure_ascii=False).encode() + b'\n')
+    for r in recs:
+        kept = {k: v for k, v in r.items() if k not in VOLATILE}
+        h.update(json.dumps(kept, sort_keys=True, ensure_ascii=False).encode() + b'\n')
     return h.hexdigest()
 
 def write_records(path, recs:list[dict]) -> str:
     "Write records as JSONL, atomically; the file's SHA-256."
-    write_atomic(path, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in recs)); return sha256_file(path)
+    write_atomic(path, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in recs))
+    return sha256_file(path)
 
 # %% ../nbs/04_collect.ipynb #8a031d4d
-def write_collection(out_dir, tasks:list[Task], done:dict, shop:Shop, config:dict, task_files=(), seconds:float=0.0) -> dict:
+def write_collection(out_dir, tasks:list[Task], done:dict, shop:Shop, config:dict, task_files=(),
+                     seconds:float=0.0) -> dict:
     "Write `accepted.jsonl` (task order) and `audit.json` for the finished records `done`; the audit."
-    out_dir = Path(out_dir); considered, acc, reached = accepted_prefix([t.task_id for t in tasks], done, config.get('target_accepted'))
+    out_dir, target = Path(out_dir), config.get('target_accepted')
+    considered, acc, reached = accepted_prefix([t.task_id for t in tasks], done, target)
     cons, accepted = [done[i] for i in considered], [done[i] for i in acc]
     a = dict(n_tasks=len(tasks), n_raw=len(done), n_considered=len(cons), n_accepted=len(accepted),
-             acceptance_rate=round(len(accepted) / max(1, len(cons)), 4), target_accepted=config.get('target_accepted'), target_reached=reached,
+             acceptance_rate=round(len(accepted) / max(1, len(cons)), 4), target_accepted=target,
+             target_reached=reached,
              rejections=dict(Counter(x for r in cons if (x := rejection(r))).most_common()),
              outcomes=dict(Counter(r['reward_detail']['outcome'] for r in cons).most_common()),
              flags=dict(sum((Counter(r.get('flags') or {}) for r in cons), Counter()).most_common()),
              infrastructure_invalid=sum(bool(r.get('infrastructure_invalid')) for r in cons),
              behaviour=dict(considered=behaviour(cons, shop), accepted=behaviour(accepted, shop)))
-    tl = hashlib.sha256(''.join(json.dumps(t.as_dict(), sort_keys=True, ensure_ascii=False) + '\n' for t in tasks).encode()).hexdigest()
-    a['sha256'] = dict(inputs={Path(p).name: sha256_file(p) for p in task_files}, task_list=tl, catalog=shop.catalog.sha256,
-                       benchmark=benchmark_hash(shop.catalog.lang), raw=sha256_file(out_dir/'raw.jsonl'),
-                       accepted=write_records(out_dir/'accepted.jsonl', accepted), accepted_content=content_hash(accepted))
+    a['sha256'] = dict(inputs={Path(p).name: sha256_file(p) for p in task_files}, task_list=task_list_sha256(tasks),
+                       catalog=shop.catalog.sha256, benchmark=benchmark_hash(shop.catalog.lang),
+                       raw=sha256_file(out_dir/'raw.jsonl'), accepted=write_records(out_dir/'accepted.jsonl', accepted),
+                       accepted_content=content_hash(accepted))
     a.update(config=config, versions=package_versions(), seconds=round(seconds, 2),
              episode_seconds=round(sum(r.get('seconds', 0) for r in cons), 2))
-    write_atomic(out_dir/'audit.json', json.dumps(a, indent=1, ensure_ascii=False)); return a
+    write_atomic(out_dir/'audit.json', json.dumps(a, indent=1, ensure_ascii=False))
+    return a
 
 # %% ../nbs/04_collect.ipynb #e0939e03
 def split_accepted(accepted:list[dict], n_train:int=800, n_val:int=200, seed:int=0) -> tuple[list[dict], list[dict]]:
     "Deterministic train and validation records, by task id."
-    if len(accepted) < n_train + n_val: raise ValueError(f"{len(accepted)} accepted episodes, but the split asks for {n_train} train + {n_val} val")
+    if len(accepted) < n_train + n_val:
+        raise ValueError(f"{len(accepted)} accepted episodes, but the split asks for {n_train} train + {n_val} val")
     rank = sorted(accepted, key=lambda r: hashlib.sha256(f"{seed}:{r['task_id']}".encode()).hexdigest())
     return rank[:n_train], rank[n_train:n_train + n_val]
 
@@ -237,15 +259,21 @@ def check_disjoint(recs:list[dict], shop:Shop, splits=HELD_OUT):
     "Raise if any record's task, or its target's near-duplicate cluster, belongs to one of `splits`."
     cl = lambda t: shop.catalog.by_asin(t.facts.target_asin)['cluster']
     held = {t.task_id: s for s in splits for t in shop.tasks.get(s, [])}
-    if ids := sorted({r['task_id'] for r in recs} & set(held)): raise ValueError(f"SFT records include held-out tasks: {ids[:5]} (splits {sorted({held[i] for i in ids})})")
+    if ids := sorted({r['task_id'] for r in recs} & set(held)):
+        raise ValueError(f"SFT records include held-out tasks: {ids[:5]} (splits {sorted({held[i] for i in ids})})")
     clusters = {cl(t): s for s in splits for t in shop.tasks.get(s, [])}
     if bad := sorted(r['task_id'] for r in recs if cl(shop.by_id[r['task_id']]) in clusters):
         raise ValueError(f"SFT tasks {bad[:5]} have targets in clusters of held-out splits")
 
 def write_sft_split(out_dir, train:list[dict], val:list[dict], shop:Shop, seed:int=0) -> dict:
     "Check and write `sft_train.jsonl` and `sft_val.jsonl`; their counts and hashes, also added to `audit.json`."
-    out_dir = Path(out_dir); check_disjoint(train + val, shop)
-    if both := {r['task_id'] for r in train} & {r['task_id'] for r in val}: raise ValueError(f"tasks in both train and val: {sorted(both)[:5]}")
-    s = dict(n_train=len(train), n_val=len(val), seed=seed, sha256=dict(train=write_records(out_dir/'sft_train.jsonl', train), val=write_records(out_dir/'sft_val.jsonl', val)))
-    if (p := out_dir/'audit.json').exists(): write_atomic(p, json.dumps({**json.loads(p.read_text()), 'sft_split': s}, indent=1, ensure_ascii=False))
+    out_dir = Path(out_dir)
+    check_disjoint(train + val, shop)
+    if both := {r['task_id'] for r in train} & {r['task_id'] for r in val}:
+        raise ValueError(f"tasks in both train and val: {sorted(both)[:5]}")
+    hashes = dict(train=write_records(out_dir/'sft_train.jsonl', train),
+                  val=write_records(out_dir/'sft_val.jsonl', val))
+    s = dict(n_train=len(train), n_val=len(val), seed=seed, sha256=hashes)
+    if (p := out_dir/'audit.json').exists():
+        write_atomic(p, json.dumps({**json.loads(p.read_text()), 'sft_split': s}, indent=1, ensure_ascii=False))
     return s

@@ -34,8 +34,15 @@ def load_vocabulary() -> dict:
 @dataclass
 class Subcategory:
     "One sub-category of the vocabulary with its domain's brands and resolved option axes."
-    id: str; domain: str; name: dict; plural: str; price: tuple
-    brands: list; features: list; materials: list; axes: list  # axes: [{'name': {en,zh}, 'values': [{en,zh}]}]
+    id: str
+    domain: str
+    name: dict
+    plural: str
+    price: tuple
+    brands: list
+    features: list
+    materials: list
+    axes: list  # [{'name': {en,zh}, 'values': [{en,zh}]}]
 
 def subcategories() -> list[Subcategory]:
     "Every sub-category, in vocabulary order."
@@ -49,13 +56,25 @@ def subcategories() -> list[Subcategory]:
 @dataclass
 class Design:
     "Language-free description of one product; indices point into its `Subcategory`."
-    asin: str; sub: int; brand: int; model: str; material: int
-    features: list; axes: list; deltas: list; price: float; rating: float; n_reviews: int; cluster: int
+    asin: str
+    sub: int
+    brand: int
+    model: str
+    material: int
+    features: list
+    axes: list
+    deltas: list
+    price: float
+    rating: float
+    n_reviews: int
+    cluster: int
 
 def make_asin(i:int, seed:int) -> str:
     "A unique, stable 10-character product id for row `i`."
     n, s = i*7919 + (seed % 9973)*10**10 + 1, ''
-    for _ in range(9): n, r = divmod(n, 36); s = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ'[r] + s
+    for _ in range(9):
+        n, r = divmod(n, 36)
+        s = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ'[r] + s
     return 'B' + s
 
 # %% ../nbs/00_env.ipynb #82d25f94
@@ -77,17 +96,20 @@ MUTATIONS = ('feature', 'feature', 'feature', 'brand', 'options', 'options', 'pr
 
 def _mutate(rng, d:dict, sub:Subcategory) -> dict:
     "A near-duplicate of design `d`: one or two of its fields changed."
-    d = {**d, 'features': list(d['features']), 'axes': [list(a) for a in d['axes']], 'deltas': [list(x) for x in d['deltas']]}
+    d = {**d, 'features': list(d['features']), 'axes': [list(a) for a in d['axes']],
+         'deltas': [list(x) for x in d['deltas']]}
     for kind in rng.sample(MUTATIONS, rng.randint(1, 2)):
         if kind == 'feature':
             out = [f for f in range(len(sub.features)) if f not in d['features']]
-            d['features'][rng.randrange(3)] = rng.choice(out); d['features'].sort()
+            d['features'][rng.randrange(3)] = rng.choice(out)
+            d['features'].sort()
         elif kind == 'brand': d['brand'] = rng.randrange(len(sub.brands))
         elif kind == 'model': d['model'] = _model_name(rng)
         elif kind == 'material': d['material'] = rng.randrange(len(sub.materials))
         elif kind == 'price': d['price'] = round(d['price']*rng.uniform(0.8, 1.3), 1)
         else:
-            a = rng.randrange(len(sub.axes)); vals = sub.axes[a]['values']
+            a = rng.randrange(len(sub.axes))
+            vals = sub.axes[a]['values']
             d['axes'][a] = sorted(rng.sample(range(len(vals)), rng.randint(2, min(4, len(vals)))))
             d['deltas'][a] = [0.0] + [round(d['price']*rng.uniform(0.05, 0.45), 1) for _ in d['axes'][a][1:]]
     return d
@@ -97,7 +119,8 @@ def generate_designs(n:int, seed:int=0) -> list[Design]:
     "`n` product designs in clusters of 3-8 near-duplicates; a pure function of `(n, seed)`."
     rng, subs, out, cluster = random.Random(seed), subcategories(), [], 0
     while len(out) < n:
-        sub_i = rng.randrange(len(subs)); base = _base_design(rng, sub_i, subs[sub_i])
+        sub_i = rng.randrange(len(subs))
+        base = _base_design(rng, sub_i, subs[sub_i])
         for k in range(min(rng.randint(4, 10), n - len(out))):
             d = base if k == 0 else _mutate(rng, base, subs[sub_i])
             out.append(Design(make_asin(len(out), seed), rating=round(rng.uniform(3.2, 5.0), 1),
@@ -108,7 +131,8 @@ def generate_designs(n:int, seed:int=0) -> list[Design]:
 # %% ../nbs/00_env.ipynb #8b446760
 TEXT = {
  'en': dict(
-   title=["{brand} {model} {material} {cat}, {f0}", "{brand} {cat} {model} - {material}", "{material} {cat} by {brand} ({model})", "{brand} {model} {cat}, {f0}"],
+   title=["{brand} {model} {material} {cat}, {f0}", "{brand} {cat} {model} - {material}",
+          "{material} {cat} by {brand} ({model})", "{brand} {model} {cat}, {f0}"],
    bullet=["{F}: made for everyday use", "{F} - tested to last", "{F}, as promised on the box", "Designed to be {f}"],
    desc=["The {brand} {model} is a {material} {cat} that is {feats}. Ships from our own warehouse.",
          "Meet the {model} from {brand}: a {material} {cat}, {feats}. Easy to return within 7 days.",
@@ -119,18 +143,22 @@ TEXT = {
    attrs=dict(brand='brand', model='model', material='material', category='category', rating='rating'),
    join=', ', last=' and '),
  'zh': dict(
-   title=["{brand}{model}{material}{cat} {f0}", "{brand} {cat} {model} {material}", "{material}{cat} {brand} {model}", "{f0}{cat} {brand} {model}"],
+   title=["{brand}{model}{material}{cat} {f0}", "{brand} {cat} {model} {material}",
+          "{material}{cat} {brand} {model}", "{f0}{cat} {brand} {model}"],
    bullet=["{F}，日常使用无忧", "{F}，经久耐用", "{F}，与描述一致", "主打{f}"],
-   desc=["{brand}{model}是一款{material}{cat}，{feats}。本店仓库直发。", "{brand}出品{model}：{material}{cat}，{feats}。七天无理由退货。",
+   desc=["{brand}{model}是一款{material}{cat}，{feats}。本店仓库直发。",
+         "{brand}出品{model}：{material}{cat}，{feats}。七天无理由退货。",
          "{brand}制造的{material}{cat}，型号{model}。亮点：{feats}。"],
-   review=[(5, "和描述一样，{f}确实好用。"), (4, "{cat}不错，就是物流慢了点。"), (3, "还行吧，对{brand}期望更高。"),
-           (5, "又买了一个送人。"), (2, "我用下来一点也不{f}。"), (4, "{material}质感很好，做工扎实。")],
+   review=[(5, "和描述一样，{f}确实好用。"), (4, "{cat}不错，就是物流慢了点。"),
+           (3, "还行吧，对{brand}期望更高。"), (5, "又买了一个送人。"),
+           (2, "我用下来一点也不{f}。"), (4, "{material}质感很好，做工扎实。")],
    attrs=dict(brand='品牌', model='型号', material='材质', category='品类', rating='评分'),
    join='、', last='、'),
 }
 
 def _words(items:list, lang:str) -> str:
-    t = TEXT[lang]; return items[0] if len(items) == 1 else t['join'].join(items[:-1]) + t['last'] + items[-1]
+    t = TEXT[lang]
+    return items[0] if len(items) == 1 else t['join'].join(items[:-1]) + t['last'] + items[-1]
 
 # %% ../nbs/00_env.ipynb #c1b2760e
 def render_design(d:Design, lang:str='en') -> dict:
@@ -162,7 +190,8 @@ def render_design(d:Design, lang:str='en') -> dict:
 def catalog_schema() -> dict:
     "Column types of a catalog table (polars is imported here, so `import shopping_grpo.env` stays light)."
     import polars as pl
-    axis = pl.Struct({'name': pl.String, 'key': pl.String, 'values': pl.List(pl.String), 'value_keys': pl.List(pl.String), 'deltas': pl.List(pl.Float64)})
+    axis = pl.Struct({'name': pl.String, 'key': pl.String, 'values': pl.List(pl.String),
+                      'value_keys': pl.List(pl.String), 'deltas': pl.List(pl.Float64)})
     return {
         'asin': pl.String, 'domain': pl.String, 'category': pl.String, 'category_name': pl.String,
         'brand': pl.String, 'brand_key': pl.String, 'model': pl.String, 'material': pl.String,
@@ -181,25 +210,31 @@ def catalog_frame(rows:list[dict]) -> pl.DataFrame:
 
 # %% ../nbs/00_env.ipynb #93b3d891
 def build_catalog(out_dir, n:int=20_000, seed:int=0, langs=LANGS, progress:bool=True, chunk:int=50_000) -> dict:
-    "Generate the catalog into `out_dir` (one parquet per language, rendered in chunks) and return its manifest; reuses a matching one."
+    "Generate the catalog into `out_dir` (one parquet per language) and return its manifest; a matching one is reused."
     import polars as pl
     from tqdm.auto import tqdm
-    out_dir = Path(out_dir); mf = out_dir/'manifest.json'
-    if mf.exists() and (m := json.loads(mf.read_text()))['config'] == dict(n=n, seed=seed, langs=list(langs), version=CATALOG_VERSION) \
+    out_dir = Path(out_dir)
+    mf = out_dir/'manifest.json'
+    config = dict(n=n, seed=seed, langs=list(langs), version=CATALOG_VERSION)
+    if mf.exists() and (m := json.loads(mf.read_text()))['config'] == config \
        and all(sha256_file(out_dir/f) == h for f, h in m['files'].items()): return m
     t0, designs, files = time.time(), generate_designs(n, seed), {}
     for lg in langs:
         bar, frames = tqdm(total=n, desc=f'catalog {lg}', disable=not progress, mininterval=2), []
         for i in range(0, n, chunk):  # rows are rendered in chunks to bound memory at 1M products
-            frames.append(catalog_frame([render_design(d, lg) for d in designs[i:i + chunk]])); bar.update(min(chunk, n - i))
-        tmp = out_dir/f'catalog_{lg}.parquet.tmp'; out_dir.mkdir(parents=True, exist_ok=True); bar.close()
+            frames.append(catalog_frame([render_design(d, lg) for d in designs[i:i + chunk]]))
+            bar.update(min(chunk, n - i))
+        tmp = out_dir/f'catalog_{lg}.parquet.tmp'
+        out_dir.mkdir(parents=True, exist_ok=True)
+        bar.close()
         df = pl.concat(frames, rechunk=True)
         if len(df) != n: raise RuntimeError(f"catalog {lg} has {len(df)} rows, expected {n}")
-        df.write_parquet(tmp, compression='zstd', statistics=False); tmp.replace(out_dir/f'catalog_{lg}.parquet')
+        df.write_parquet(tmp, compression='zstd', statistics=False)
+        tmp.replace(out_dir/f'catalog_{lg}.parquet')
         files[f'catalog_{lg}.parquet'] = sha256_file(out_dir/f'catalog_{lg}.parquet')
-    m = dict(config=dict(n=n, seed=seed, langs=list(langs), version=CATALOG_VERSION), files=files,
-             n_products=n, seconds=round(time.time() - t0, 2))
-    write_atomic(mf, json.dumps(m, indent=1)); return m
+    m = dict(config=config, files=files, n_products=n, seconds=round(time.time() - t0, 2))
+    write_atomic(mf, json.dumps(m, indent=1))
+    return m
 
 # %% ../nbs/00_env.ipynb #e6c7d085
 class Catalog:
@@ -219,8 +254,11 @@ class Catalog:
     @classmethod
     def load(cls, catalog_dir, lang:str='en') -> 'Catalog':
         "Read `catalog_<lang>.parquet`, checking its hash against the manifest."
-        d = Path(catalog_dir); m = json.loads((d/'manifest.json').read_text()); f = f'catalog_{lang}.parquet'
-        if f not in m['files']: raise FileNotFoundError(f"{d} has no {lang!r} catalog (languages: {m['config']['langs']})")
+        d = Path(catalog_dir)
+        m = json.loads((d/'manifest.json').read_text())
+        f = f'catalog_{lang}.parquet'
+        if f not in m['files']:
+            raise FileNotFoundError(f"{d} has no {lang!r} catalog (languages: {m['config']['langs']})")
         if (h := sha256_file(d/f)) != m['files'][f]: raise ValueError(f"{d/f} does not match its manifest hash")
         import polars as pl
         return cls(pl.read_parquet(d/f), lang, h)
@@ -235,19 +273,21 @@ def _price(x) -> float|None:
 
 def _axis(name:str, values:list, base:float|None) -> dict:
     vals = [v if isinstance(v, str) else str(v.get('value', v)) for v in values]
-    deltas = [0.0 if base is None or not isinstance(v, dict) or _price(v.get('price')) is None else max(0.0, _price(v['price']) - base)
-              for v in values]
+    deltas = [0.0 if base is None or not isinstance(v, dict) or _price(v.get('price')) is None
+              else max(0.0, _price(v['price']) - base) for v in values]
     return dict(name=name, key=name, values=vals, value_keys=vals, deltas=deltas)
 
-def _row(asin, category, title, brand='', model='', price=None, features=(), axes=(), description='', attributes=(), reviews=(), bullets=()):
+def _row(asin, category, title, brand='', model='', price=None, features=(), axes=(), description='',
+         attributes=(), reviews=(), bullets=()):
     "A catalog row from adapted fields; empty where the source has nothing."
-    return dict(asin=str(asin), domain=(category or '').split('>')[0].strip(), category=(category or '').split('>')[-1].strip(),
-                category_name=(category or '').split('>')[-1].strip(), brand=brand or '', brand_key=brand or '',
+    path = (category or '').split('>')
+    return dict(asin=str(asin), domain=path[0].strip(), category=path[-1].strip(),
+                category_name=path[-1].strip(), brand=brand or '', brand_key=brand or '',
                 model=model or '', material='', material_key='', features=list(features), feature_keys=list(features),
                 axes=list(axes), price=price, rating=None, n_reviews=len(reviews), cluster=-1, title=title or '',
                 bullets=list(bullets or features), description=description or '', attributes=list(attributes),
-                reviews=[dict(rating=int(r.get('score', r.get('rating', 0)) or 0), text=str(r.get('text', r.get('body', ''))))
-                         for r in reviews])
+                reviews=[dict(rating=int(r.get('score', r.get('rating', 0)) or 0),
+                              text=str(r.get('text', r.get('body', '')))) for r in reviews])
 
 # %% ../nbs/00_env.ipynb #a586e8c1
 def from_webshop(items:list[dict]) -> pl.DataFrame:
@@ -258,7 +298,8 @@ def from_webshop(items:list[dict]) -> pl.DataFrame:
         base = _price(it.get('pricing'))
         axes = [_axis(k, v, base) for k, v in (it.get('customization_options') or {}).items()]
         bullets = it.get('small_description') or []
-        rows.append(_row(it['asin'], it.get('product_category') or it.get('category', ''), it.get('name') or it.get('title'),
+        category = it.get('product_category') or it.get('category', '')
+        rows.append(_row(it['asin'], category, it.get('name') or it.get('title'),
                          brand=it.get('brand', ''), price=base, axes=axes, description=it.get('full_description', ''),
                          bullets=bullets if isinstance(bullets, list) else [bullets], reviews=it.get('reviews') or []))
     return catalog_frame(rows)
@@ -272,9 +313,9 @@ def from_shopsimulator(items:list[dict]) -> pl.DataFrame:
         base = _price(it.get('price'))
         attrs = [dict(name=str(k), value=str(v)) for k, v in (it.get('attributes') or {}).items()]
         axes = [_axis(k, v, base) for k, v in (it.get('options') or {}).items()]
-        rows.append(_row(pid, it.get('category', ''), it.get('title'), brand=it.get('brand', ''), model=it.get('model', ''),
-                         price=base, features=it.get('features') or [], axes=axes, description=it.get('description', ''),
-                         attributes=attrs, reviews=it.get('reviews') or []))
+        rows.append(_row(pid, it.get('category', ''), it.get('title'), brand=it.get('brand', ''),
+                         model=it.get('model', ''), price=base, features=it.get('features') or [], axes=axes,
+                         description=it.get('description', ''), attributes=attrs, reviews=it.get('reviews') or []))
     return catalog_frame(rows)
 
 # %% ../nbs/00_env.ipynb #3e86c0e8
@@ -308,7 +349,8 @@ def popularity(n_reviews) -> float:
 def _schema(lang:str):
     import tantivy
     sb = tantivy.SchemaBuilder()
-    for f in SEARCH_FIELDS: sb.add_text_field(f, tokenizer_name='en_stem' if lang == 'en' else 'whitespace', index_option='freq')
+    tokenizer = 'en_stem' if lang == 'en' else 'whitespace'
+    for f in SEARCH_FIELDS: sb.add_text_field(f, tokenizer_name=tokenizer, index_option='freq')
     sb.add_unsigned_field('row', stored=True, fast=True)
     sb.add_float_field('popularity', fast=True)
     return sb.build()
@@ -319,7 +361,8 @@ class SearchIndex:
     def __init__(self, catalog:Catalog, index_dir=None, progress:bool=False):
         import tantivy
         self.catalog, self.lang = catalog, catalog.lang
-        path = Path(index_dir)/f"{catalog.sha256[:16] or 'memory'}-{catalog.lang}-v{INDEX_VERSION}" if index_dir else None
+        name = f"{catalog.sha256[:16] or 'memory'}-{catalog.lang}-v{INDEX_VERSION}"
+        path = Path(index_dir)/name if index_dir else None
         if path is not None and (path/'READY').exists(): self.index = tantivy.Index.open(str(path))
         else: self.index = self._build(path, progress)
         self.searcher = self.index.searcher()
@@ -327,16 +370,25 @@ class SearchIndex:
     def _build(self, path, progress):
         import tantivy
         from tqdm.auto import tqdm
-        if path is not None: shutil.rmtree(path, ignore_errors=True); path.mkdir(parents=True)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
         index = tantivy.Index(_schema(self.lang), path=str(path) if path else None)
         w, conv = index.writer(heap_size=256_000_000, num_threads=1), (lambda s: s) if self.lang == 'en' else zh_terms
-        cols = self.catalog.df.select('title', 'brand', 'category_name', 'model', 'attributes', 'material', 'axes', 'bullets', 'n_reviews')
-        for i, p in enumerate(tqdm(cols.iter_rows(named=True), total=len(cols), desc='index', disable=not progress, mininterval=2)):
-            doc = tantivy.Document(); doc.add_unsigned('row', i); doc.add_float('popularity', popularity(p['n_reviews']))
+        cols = self.catalog.df.select('title', 'brand', 'category_name', 'model', 'attributes', 'material', 'axes',
+                                      'bullets', 'n_reviews')
+        products = tqdm(cols.iter_rows(named=True), total=len(cols), desc='index', disable=not progress, mininterval=2)
+        for i, p in enumerate(products):
+            doc = tantivy.Document()
+            doc.add_unsigned('row', i)
+            doc.add_float('popularity', popularity(p['n_reviews']))
             for k, v in _fields(p).items(): doc.add_text(k, conv(v))
             w.add_document(doc)
-        w.commit(); w.wait_merging_threads(); index.reload()
-        if path is not None: (path/'READY').write_text(json.dumps(dict(n=len(self.catalog), sha256=self.catalog.sha256)))
+        w.commit()
+        w.wait_merging_threads()
+        index.reload()
+        if path is not None:
+            (path/'READY').write_text(json.dumps(dict(n=len(self.catalog), sha256=self.catalog.sha256)))
         return index
 
 # %% ../nbs/00_env.ipynb #520932dd
@@ -352,7 +404,8 @@ def search(self:SearchIndex, query:str, k:int=TOP_K) -> list[int]:
     if not terms: return []
     try: q = self.index.parse_query(terms, list(SEARCH_FIELDS), field_boosts=SEARCH_FIELDS)
     except ValueError: return []  # every term was removed by the analyzer (e.g. stop-length words): nothing matches
-    hits = self.searcher.search(q, limit=k + 50, count=False).hits; addrs = [a for _, a in hits]
+    hits = self.searcher.search(q, limit=k + 50, count=False).hits
+    addrs = [a for _, a in hits]
     rows, pops = self.searcher.fast_field_values('row', addrs), self.searcher.fast_field_values('popularity', addrs)
     scored = sorted((-round(s*math.log2(2 + w), 4), r) for (s, _), r, w in zip(hits, rows, pops))
     return [r for _, r in scored[:k]]
@@ -375,7 +428,8 @@ def variant_price(product:dict, selected:dict) -> float|None:
 # %% ../nbs/00_env.ipynb #aae6c52a
 def result_row(rank:int, p:dict) -> dict:
     "One search result line as structure."
-    key = '; '.join([p['material'] or '', ', '.join(f"{a['name']} x{len(a['values'])}" for a in p['axes'] or [])]).strip('; ')
+    options = ', '.join(f"{a['name']} x{len(a['values'])}" for a in p['axes'] or [])
+    key = '; '.join([p['material'] or '', options]).strip('; ')
     return dict(rank=rank, asin=p['asin'], price=p['price'], brand=p['brand'], category=p['category_name'],
                 key_attributes=key, title=p['title'])
 
@@ -393,8 +447,9 @@ def detail_state(p:dict, selected:dict) -> dict:
     axes = [dict(name=a['name'], key=a['key'], values=a['values'],
                  selected=a['values'][a['value_keys'].index(selected[a['key']])] if a['key'] in selected else None)
             for a in p['axes'] or []]
-    return dict(page_type='product_detail', asin=p['asin'], title=p['title'], brand=p['brand'], category=p['category_name'],
-                price=variant_price(p, selected), rating=p['rating'], options=axes, search_available=False,
+    return dict(page_type='product_detail', asin=p['asin'], title=p['title'], brand=p['brand'],
+                category=p['category_name'], price=variant_price(p, selected), rating=p['rating'], options=axes,
+                search_available=False,
                 clickables=[NAV['back'], NAV['prev'], *SECTIONS, *[v for a in axes for v in a['values']], NAV['buy']])
 
 # %% ../nbs/00_env.ipynb #b1a40a98
@@ -414,9 +469,10 @@ def _body(s:dict) -> list[str]:
     t = s['page_type']
     if t == 'search_home': return ['Type a search query to find products.']
     if t == 'search_results':
+        rows = [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}"
+                for r in s['results']]
         return [f"Results for \"{s['query']}\": page {s['page']}/{s['n_pages']} ({s['total']} products)",
-                'rank|asin|price|brand|category|key_attributes|title'] + \
-               [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}" for r in s['results']]
+                'rank|asin|price|brand|category|key_attributes|title'] + rows
     if t == 'product_detail':
         opts = [f"{o['name']}: {' | '.join(o['values'])} (selected: {o['selected'] or 'none'})" for o in s['options']]
         return [f"[{s['asin']}] {s['title']}", f"Brand: {s['brand']}  Category: {s['category']}",
@@ -480,8 +536,10 @@ class ShopEnv:
 def _observe(self:ShopEnv) -> dict:
     s = {k: v for k, v in self.stack[-1].items() if k != 'rows'}
     s = dict(s, version=STATE_VERSION, step=self.log.steps, max_steps=self.max_steps)
-    if s['page_type'] == 'product_detail': s = dict(s, **detail_state(self.catalog.by_asin(s['asin']), self.selected.get(s['asin'], {})))
-    self.state = s; return s
+    if s['page_type'] == 'product_detail':
+        s = dict(s, **detail_state(self.catalog.by_asin(s['asin']), self.selected.get(s['asin'], {})))
+    self.state = s
+    return s
 
 @patch
 def _fingerprint(self:ShopEnv) -> str:
@@ -492,7 +550,8 @@ def _fingerprint(self:ShopEnv) -> str:
 # %% ../nbs/00_env.ipynb #2780d710
 @patch
 def _search(self:ShopEnv, query:str):
-    if not self.state['search_available']: raise InvalidAction("search is not available on this page; click [back to search] first")
+    if not self.state['search_available']:
+        raise InvalidAction("search is not available on this page; click [back to search] first")
     if not query.strip(): raise InvalidAction("search needs keywords: search[words]")
     rows = self.index.search(query)
     self.log.queries.append((query, len(rows)))
@@ -506,15 +565,22 @@ def _page(self:ShopEnv, delta:int):
 # %% ../nbs/00_env.ipynb #e33beac5
 @patch
 def _click(self:ShopEnv, value:str):
-    s = self.state; match = {c.lower(): c for c in s['clickables']}.get(value.strip().lower())
-    if match is None: raise InvalidAction(f"[{value[:80]}] is not clickable on this page; clickable: {', '.join(s['clickables'][:30]) or 'none'}")
+    s = self.state
+    match = {c.lower(): c for c in s['clickables']}.get(value.strip().lower())
+    if match is None:
+        shown = ', '.join(s['clickables'][:30]) or 'none'
+        raise InvalidAction(f"[{value[:80]}] is not clickable on this page; clickable: {shown}")
     t = s['page_type']
     if match == NAV['back']: self.stack = [home_state()]
     elif match == NAV['next']: self._page(+1)
     elif match == NAV['prev'] and t == 'search_results': self._page(-1)
     elif match == NAV['prev']: self.stack.pop()
-    elif t == 'search_results': self.stack.append(dict(page_type='product_detail', asin=match)); self.log.opened.append(match)
-    elif match in SECTIONS: self.stack.append(subpage_state(self.catalog.by_asin(s['asin']), match)); self.log.viewed.append((s['asin'], match))
+    elif t == 'search_results':
+        self.stack.append(dict(page_type='product_detail', asin=match))
+        self.log.opened.append(match)
+    elif match in SECTIONS:
+        self.stack.append(subpage_state(self.catalog.by_asin(s['asin']), match))
+        self.log.viewed.append((s['asin'], match))
     elif match == NAV['buy']: self._buy(s['asin'])
     else: self._select(s['asin'], match)
 
@@ -522,7 +588,9 @@ def _click(self:ShopEnv, value:str):
 @patch
 def _select(self:ShopEnv, asin:str, value:str):
     for a in self.catalog.by_asin(asin)['axes'] or []:
-        if value in a['values']: self.selected.setdefault(asin, {})[a['key']] = a['value_keys'][a['values'].index(value)]; break
+        if value in a['values']:
+            self.selected.setdefault(asin, {})[a['key']] = a['value_keys'][a['values'].index(value)]
+            break
     self.log.selected[asin] = dict(self.selected[asin])
 
 @patch
@@ -541,34 +609,50 @@ def _end(self:ShopEnv, reason:str, message:str):
 @patch
 def _track(self:ShopEnv, action:str, before:str):
     "Apply the repeat, no-progress and step-limit rules after an action."
-    after = self._fingerprint(); new = after not in self.seen; self.seen.add(after)
+    after = self._fingerprint()
+    new = after not in self.seen
+    self.seen.add(after)
     self.no_progress = 0 if new else self.no_progress + 1
-    if action == self.last and after == before: self._end('repeat_loop', 'Stopped: the same action was repeated on the same page.')
-    elif self.no_progress >= NO_PROGRESS_LIMIT: self._end('no_progress', 'Stopped: four actions in a row made no progress.')
-    elif self.log.steps >= self.max_steps: self._end('max_steps', f'Stopped: the {self.max_steps}-step limit was reached.')
+    if action == self.last and after == before:
+        self._end('repeat_loop', 'Stopped: the same action was repeated on the same page.')
+    elif self.no_progress >= NO_PROGRESS_LIMIT:
+        self._end('no_progress', 'Stopped: four actions in a row made no progress.')
+    elif self.log.steps >= self.max_steps:
+        self._end('max_steps', f'Stopped: the {self.max_steps}-step limit was reached.')
     self.last = action
 
 # %% ../nbs/00_env.ipynb #065496ab
 @patch
 def abort(self:ShopEnv, reason:str='max_steps') -> dict:
     "End the episode from outside (a step budget spent on refused calls, an infrastructure failure); the terminal page."
-    self._end(reason, f'Stopped: {reason}.' if reason != 'max_steps' else 'Stopped: the step limit was reached.'); return self._observe()
+    message = f'Stopped: {reason}.' if reason != 'max_steps' else 'Stopped: the step limit was reached.'
+    self._end(reason, message)
+    return self._observe()
 
 # %% ../nbs/00_env.ipynb #22dd3f01
 @dataclass
 class StepResult:
-    state: dict; text: str; done: bool; reward: float|None = None; detail: dict|None = None
+    state: dict
+    text: str
+    done: bool
+    reward: float|None = None
+    detail: dict|None = None
 
 @patch
 def step(self:ShopEnv, action:str) -> StepResult:
     "Apply one text action; `InvalidAction` leaves the episode unchanged."
     if self.done: raise InvalidAction("the episode has ended; reset to start a new one")
     verb, arg = parse_action(action)
-    before = self._fingerprint(); self.seen.add(before)
+    before = self._fingerprint()
+    self.seen.add(before)
     if verb == 'search': self._search(arg)
     elif verb == 'click': self._click(arg)
-    self.log.steps += 1; self.log.actions.append(f"{verb}[{arg}]")
-    if verb == 'finish': self.log.finish_reason = arg; self._end('finish', 'You stopped without buying.')
+    self.log.steps += 1
+    self.log.actions.append(f"{verb}[{arg}]")
+    if verb == 'finish':
+        self.log.finish_reason = arg
+        self._end('finish', 'You stopped without buying.')
     if not self.done: self._track(f"{verb}[{arg}]", before)
-    s = self._observe(); r = self.reward
+    s = self._observe()
+    r = self.reward
     return StepResult(s, render_state(s), self.done, getattr(r, 'reward', None), r.as_dict() if r is not None else None)

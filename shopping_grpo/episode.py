@@ -18,7 +18,8 @@ from .policies import ContextOverflow, ExpertPolicy
 
 # %% auto #0
 __all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'ChatRenderer', 'TokenEpisode', 'hermes_text',
-           'scripted_run', 'run_lockstep', 'run_episodes', 'play']
+           'scripted_run', 'run_lockstep', 'episode_valid', 'page_key', 'page_keys', 'generated_text', 'played',
+           'run_episodes', 'play']
 
 # %% ../nbs/03_agent.ipynb #f21c85b0
 @dataclass
@@ -200,6 +201,46 @@ def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, n
                 except Exception as e: _fail(te, 'env_error', e)
         for x in [x for x in live if x[2].done]:
             live.remove(x); bar.update(); yield x[2].record(name, seconds=round(time.time() - x[1], 3))
+
+# %% ../nbs/03_agent.ipynb #69bae5ae
+import hashlib, re
+
+def episode_valid(rec:dict) -> bool:
+    "Whether Reward v3 scored the episode (not an infrastructure end, not an unverifiable gate)."
+    return not rec['infrastructure_invalid'] and bool(rec['reward_detail'].get('reward_valid', True))
+
+# %% ../nbs/03_agent.ipynb #5b454207
+_STEP = re.compile(r' step \d+/\d+')
+
+def page_key(text:str) -> str:
+    "A short hash of a page's text without its step counter."
+    return hashlib.sha1(_STEP.sub('', text, count=1).encode()).hexdigest()[:12]
+
+def page_keys(rec:dict) -> list[str]:
+    "For each assistant turn of a record, the key of the page it answered."
+    msgs, keys = rec['messages'], []
+    page = msgs[1]['content'][len(rec['instruction']) + 2:]
+    for m in msgs[2:]:
+        if m['role'] == 'assistant': keys.append(page_key(page))
+        elif not m['content'].startswith('Tool error:'): page = m['content']
+    return keys
+
+# %% ../nbs/03_agent.ipynb #56f044c6
+def generated_text(msg:dict) -> str:
+    "What the model writes for an assistant message: its content, then its tool call as Hermes text."
+    return (msg.get('content') or '') + (hermes_text(msg) if msg.get('tool_calls') else '')
+
+def played(shop:Shop, task:Task, policy, renderer:ChatRenderer, lang:str='en', max_turns:int=35,
+           **token_kw) -> TokenEpisode:
+    "A TokenEpisode of `task` driven by a message policy's replies, tokenised as generations."
+    # token_kw: the runner's limits, max_context and max_new_tokens
+    te = TokenEpisode(Episode(shop.env(max_turns), task, lang, max_turns), renderer, **token_kw)
+    policy.reset(task)
+    while not te.done:
+        msg = policy.reply(te.ep)
+        msg = msg if isinstance(msg, dict) else dict(role='assistant', content=msg)
+        te.feed(renderer.ids(generated_text(msg)) + [renderer.end_id])
+    return te
 
 # %% ../nbs/03_agent.ipynb #c0d59c25
 def _message_records(shop, todo, policy, lang, max_turns, workers, make_env=None):

@@ -9,7 +9,8 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from .records import write_atomic, sha256_file, benchmark_hash, data_dir, package_versions, TRAJECTORY_VERSION, pin_run, code_sha256
+from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file, benchmark_hash,
+                                   data_dir, package_versions, pin_run, code_sha256, task_list_sha256)
 from .tasks import Task, read_tasks
 from .shop import Shop
 from .reward import INFRA_REASONS
@@ -21,48 +22,48 @@ from .episode import run_message_episode, play
 
 # %% auto #0
 __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS', 'NAV_TOOLS',
-           'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'TRAINED', 'task_list_sha256',
-           'BenchmarkMismatch', 'verify_benchmark', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec',
-           'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'model_sha256',
-           'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories', 'check_events', 'check_outcome',
-           'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
+           'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
+           'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name',
+           'as_spec', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down',
+           'model_sha256', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories', 'check_events',
+           'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
            'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
-           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'write_eval_summary', 'evaluate_model',
-           'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
-           'write_comparison']
-
-# %% ../nbs/07_evaluate.ipynb #01083dd1
-def task_list_sha256(tasks:list[Task]) -> str:
-    "SHA-256 of a task list: equal lists, and only equal lists, give equal hashes."
-    h = hashlib.sha256()
-    for t in tasks: h.update(json.dumps(t.as_dict(), sort_keys=True, ensure_ascii=False).encode() + b'\n')
-    return h.hexdigest()
+           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'evaluate_model', 'trained_models', 'paired_ci',
+           'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
     "The benchmark file is not the one its recorded SHA-256 names."
 
 def verify_benchmark(lang:str='en', data=None) -> tuple[Path, str]|None:
-    "The frozen benchmark file of `lang` and its SHA-256, checked against `benchmark.sha256`; None when there is no such file."
-    data = Path(data or data_dir()); path = data/f'benchmark_{lang}.jsonl'
+    "The frozen benchmark file of `lang` and its SHA-256, checked against `benchmark.sha256`; None when there is none."
+    data = Path(data or data_dir())
+    path = data/f'benchmark_{lang}.jsonl'
     if not path.exists(): return None
     want = json.loads((data/'benchmark.sha256').read_text()).get(path.name)
     if (h := sha256_file(path)) != want:
-        raise BenchmarkMismatch(f"{path} has SHA-256 {h[:12]}, but {data/'benchmark.sha256'} records {str(want)[:12]}: the frozen benchmark "
-                                f"was changed. Restore it (git checkout data/); nothing was evaluated.")
+        raise BenchmarkMismatch(f"{path} has SHA-256 {h[:12]}, but {data/'benchmark.sha256'} records {str(want)[:12]}: "
+                                f"the frozen benchmark was changed. Restore it (git checkout data/); "
+                                f"nothing was evaluated.")
     return path, h
 
 # %% ../nbs/07_evaluate.ipynb #3c913fe9
+def tasks_ident(shop:Shop, tasks:list[Task], source:str, benchmark_sha256:str|None) -> dict:
+    "What identifies a task list in every summary: where it comes from, its size and hash, the shop and the language."
+    return dict(source=source, benchmark_sha256=benchmark_sha256, n_tasks=len(tasks),
+                tasks_sha256=task_list_sha256(tasks), catalog_sha256=shop.catalog.sha256, lang=shop.catalog.lang)
+
 def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None) -> tuple[list[Task], dict]:
     "The tasks to evaluate and what identifies them; refuses a changed frozen benchmark."
-    found, lang = verify_benchmark(shop.catalog.lang, data), shop.catalog.lang
-    head = json.loads(found[0].open(encoding='utf-8').readline()) if found else {}
-    if head.get('catalog_sha256') == shop.catalog.sha256: tasks, source, h = read_tasks(found[0], shop.catalog), 'frozen', found[1]
+    found = verify_benchmark(shop.catalog.lang, data)
+    head = (read_jsonl(found[0])[0] or [{}])[0] if found else {}
+    if head.get('catalog_sha256') == shop.catalog.sha256:
+        tasks, source, h = read_tasks(found[0], shop.catalog), 'frozen', found[1]
     else: tasks, source, h = shop.tasks['eval'], 'run eval split', None
-    if n_eval is not None and n_eval > len(tasks): raise ValueError(f"n_eval={n_eval}, but the {source} has {len(tasks)} tasks")
+    if n_eval is not None and n_eval > len(tasks):
+        raise ValueError(f"n_eval={n_eval}, but the {source} has {len(tasks)} tasks")
     tasks = tasks[:n_eval] if n_eval is not None else tasks
-    return tasks, dict(source=source, benchmark_sha256=h, n_tasks=len(tasks), tasks_sha256=task_list_sha256(tasks),
-                       catalog_sha256=shop.catalog.sha256, lang=lang)
+    return tasks, tasks_ident(shop, tasks, source, h)
 
 # %% ../nbs/07_evaluate.ipynb #7c1f9616
 @dataclass
@@ -70,7 +71,7 @@ class PolicySpec:
     "A named policy to evaluate and how to build it."
     name: str                           # its folder under run_dir/eval/
     kind: str                           # oracle | heuristic | random | transformers | vllm | openai | custom
-    path: str|None = None               # checkpoint (transformers, vllm) or model name (openai; None: $SHOPPING_GRPO_MODEL)
+    path: str|None = None               # checkpoint (transformers, vllm) or model (openai; None: $SHOPPING_GRPO_MODEL)
     base_url: str|None = None           # openai: endpoint; None: $OPENAI_BASE_URL
     api_key_env: str = 'OPENAI_API_KEY' # openai: the variable holding the key
     max_new_tokens: int = 256           # tokens per assistant turn (model policies)
@@ -78,7 +79,9 @@ class PolicySpec:
     max_retries: int = 5                # openai/vllm: retries with backoff per request
     seed: int = 0                       # random shopper
     policy: object = None               # custom: a ready policy object
-    def public(self) -> dict: return {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'policy'}  # no copy of the policy object
+    def public(self) -> dict:
+        "The spec's fields, without the policy object."
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'policy'}
 
 SCRIPTED, MODEL_KINDS = ('oracle', 'expert', 'heuristic', 'random'), ('transformers', 'vllm', 'openai')
 
@@ -86,7 +89,8 @@ SCRIPTED, MODEL_KINDS = ('oracle', 'expert', 'heuristic', 'random'), ('transform
 def default_name(kind:str, arg:str|None) -> str:
     "A folder name for a spec: the kind for scripted shoppers; the stage for `<stage>/merged`; else the last path part."
     if arg is None: return kind
-    p = Path(arg); return p.parent.name if p.name == 'merged' else ('base' if arg == 'smollm2' else p.name)
+    p = Path(arg)
+    return p.parent.name if p.name == 'merged' else ('base' if arg == 'smollm2' else p.name)
 
 def as_spec(x, **kw) -> PolicySpec:
     "A `PolicySpec` from a spec string, a dict, a `PolicySpec` or a policy object; `kw` sets fields a string does not."
@@ -96,7 +100,9 @@ def as_spec(x, **kw) -> PolicySpec:
     name, body = x.split('=', 1) if re.match(r'^[\w.-]+=', x) else (None, x)
     kind, arg = body.split(':', 1) if re.match(r'^(transformers|vllm|openai):', body) else (body, None)
     if kind not in SCRIPTED + MODEL_KINDS:
-        if not Path(kind).is_dir(): raise ValueError(f"unknown policy spec {x!r}: use oracle, expert, heuristic, random, transformers:PATH, vllm:PATH, openai:MODEL or NAME=SPEC")
+        if not Path(kind).is_dir():
+            raise ValueError(f"unknown policy spec {x!r}: use oracle, expert, heuristic, random, transformers:PATH, "
+                             f"vllm:PATH, openai:MODEL or NAME=SPEC")
         kind, arg = 'transformers', kind  # a bare folder is a local checkpoint
     return PolicySpec(name or default_name(kind, arg), kind, arg, **(kw if kind in MODEL_KINDS else {}))
 
@@ -106,19 +112,23 @@ def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None):
     from shopping_grpo.model import materialize_model
     from shopping_grpo.generate import TransformersPolicy
     from shopping_grpo.episode import ChatRenderer
-    pol = TransformersPolicy(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device); pol.name = spec.name
+    pol = TransformersPolicy(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens,
+                             device=device)
+    pol.name = spec.name
     return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens)
 
 def endpoint_policy(spec:PolicySpec, lang:str='en') -> OpenAIChatPolicy:
     "A model behind an OpenAI-compatible endpoint, greedy; the key is read from `$<api_key_env>` and never kept."
-    return OpenAIChatPolicy(spec.path, spec.base_url, spec.api_key_env, temperature=0.0, max_tokens=spec.max_new_tokens, lang=lang,
-                            max_retries=spec.max_retries, timeout=spec.timeout, name=spec.name)
+    return OpenAIChatPolicy(spec.path, spec.base_url, spec.api_key_env, temperature=0.0, max_tokens=spec.max_new_tokens,
+                            lang=lang, max_retries=spec.max_retries, timeout=spec.timeout, name=spec.name)
 
 # %% ../nbs/07_evaluate.ipynb #7724a0da
 def scripted_policy(kind:str, shop:Shop, seed:int=0) -> ShopperPolicy:
-    "A reference shopper as a policy: the oracle (knows where the target is), the expert (the teacher), heuristic or random."
+    "A reference shopper as a policy: the oracle (knows the target), the expert (the teacher), heuristic or random."
     if kind == 'expert': return ExpertPolicy(shop.catalog)
-    return ShopperPolicy({'oracle': lambda: OracleShopper(shop.catalog), 'heuristic': HeuristicShopper, 'random': lambda: RandomShopper(seed)}[kind]())
+    make = dict(oracle=lambda: OracleShopper(shop.catalog), heuristic=HeuristicShopper,
+                random=lambda: RandomShopper(seed))
+    return ShopperPolicy(make[kind]())
 
 # %% ../nbs/07_evaluate.ipynb #8e7173c3
 @contextmanager
@@ -131,7 +141,8 @@ def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None)
     elif k == 'openai': yield endpoint_policy(spec, lang), {}
     elif k == 'vllm':
         from shopping_grpo.model import VLLMServer
-        with VLLMServer(spec.path, name=spec.name) as srv: yield endpoint_policy(replace(spec, path=srv.name, base_url=srv.base_url), lang), {}
+        with VLLMServer(spec.path, name=spec.name) as srv:
+            yield endpoint_policy(replace(spec, path=srv.name, base_url=srv.base_url), lang), {}
     else: raise ValueError(f"unknown policy kind {k!r}")
 
 # %% ../nbs/07_evaluate.ipynb #3fa9674a
@@ -139,11 +150,12 @@ def endpoint_down(pol) -> str|None:
     "Why the endpoint of an `OpenAIChatPolicy` does not answer, or None (also for other policies)."
     if not isinstance(pol, OpenAIChatPolicy): return None
     import httpx
-    try: httpx.get(pol.base_url.rstrip('/') + '/models', timeout=5, trust_env=False); return None
+    try: httpx.get(pol.base_url.rstrip('/') + '/models', timeout=5, trust_env=False)
     except httpx.HTTPError as e: return f"{type(e).__name__}: {e}"[:200]
+    return None
 
 # %% ../nbs/07_evaluate.ipynb #bfc2a7f1
-OBSOLETE = ('catalog_sha256', 'code_sha256', 'model_sha256')  # a change of these makes old episodes stale: set aside, played again
+OBSOLETE = ('catalog_sha256', 'code_sha256', 'model_sha256')  # a change makes old episodes stale: set aside, replayed
 
 def model_sha256(spec:PolicySpec) -> str|None:
     "SHA-256 over a local checkpoint's weight files (None for other policies)."
@@ -155,66 +167,58 @@ def model_sha256(spec:PolicySpec) -> str|None:
 def eval_settings(spec:PolicySpec, ident:dict, shop:Shop, max_turns:int) -> dict:
     "What the episodes of an evaluation folder depend on."
     url = (spec.base_url or os.environ.get('OPENAI_BASE_URL')) if spec.kind == 'openai' else None
-    return dict(model=spec.name, kind=spec.kind, source=spec.path, base_url=url, temperature=0.0, lang=ident['lang'], max_turns=max_turns,
-                max_new_tokens=spec.max_new_tokens if spec.kind in MODEL_KINDS else None, benchmark=ident['source'],
-                benchmark_sha256=ident['benchmark_sha256'], catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model_sha256(spec))
+    return dict(model=spec.name, kind=spec.kind, source=spec.path, base_url=url, temperature=0.0, lang=ident['lang'],
+                max_turns=max_turns, max_new_tokens=spec.max_new_tokens if spec.kind in MODEL_KINDS else None,
+                benchmark=ident['source'], benchmark_sha256=ident['benchmark_sha256'],
+                catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model_sha256(spec))
 
 # %% ../nbs/07_evaluate.ipynb #c16b038c
 RETRY = ('generation_error', 'env_error')  # infrastructure ends worth another try
 
-def _append_durably(path, data:bytes):
-    with open(path, 'ab') as f: f.write(data); f.flush(); os.fsync(f.fileno())
-
-def _replace_durably(path, data:bytes):
-    tmp = Path(path).with_name(Path(path).name + '.tmp')
-    with open(tmp, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
-    tmp.replace(path); fd = os.open(Path(path).parent, os.O_RDONLY); os.fsync(fd); os.close(fd)
-
-def _retried(line:bytes) -> bool:
-    try: return json.loads(line).get('termination_reason') in RETRY
-    except (ValueError, AttributeError): return False
-
 def set_aside_failed(path) -> int:
     "Move records of episodes an infrastructure failure ended to `<name>.retried.jsonl`; how many were moved."
     path = Path(path)
-    if not path.exists(): return 0
-    lines = path.read_bytes().split(b'\n'); moved = [l for l in lines if _retried(l)]
+    moved = {i: r for i, r in read_jsonl(path, warn=False, numbered=True)[0] if r.get('termination_reason') in RETRY}
     if not moved: return 0
-    _append_durably(path.with_name(path.stem + '.retried.jsonl'), b''.join(l + b'\n' for l in moved))
-    _replace_durably(path, b'\n'.join(l for l in lines if not _retried(l)))
-    warnings.warn(f"{path}: {len(moved)} episode(s) ended by an infrastructure failure are played again (old records kept in {path.stem}.retried.jsonl)")
+    with open(path.with_name(path.stem + '.retried.jsonl'), 'a', encoding='utf-8') as f:
+        for r in moved.values(): append_record(f, r)
+    lines = path.read_bytes().split(b'\n')
+    write_atomic(path, b'\n'.join(l for i, l in enumerate(lines, 1) if i not in moved))
+    warnings.warn(f"{path}: {len(moved)} episode(s) ended by an infrastructure failure are played again "
+                  f"(old records kept in {path.stem}.retried.jsonl)")
     return len(moved)
 
 # %% ../nbs/07_evaluate.ipynb #7a583641
 def prepare_folder(out_dir, settings:dict) -> Path:
     "Pin `out_dir` to `settings`, set aside stale episodes and those to retry; the trajectories path."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True); path = out_dir/'trajectories.jsonl'
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir/'trajectories.jsonl'
     if path.exists() and not (out_dir/'run.json').exists():  # episodes of unknown provenance: never trusted
         write_atomic(out_dir/'run.json', json.dumps({**settings, 'code_sha256': 'unknown: no run.json'}))
-    pin_run(out_dir, settings, OBSOLETE); set_aside_failed(path)
+    pin_run(out_dir, settings, OBSOLETE)
+    set_aside_failed(path)
     return path
 
 # %% ../nbs/07_evaluate.ipynb #6ffddd82
-_TASK_ID = re.compile(r'"task_id":\s*"([^"]{1,80})"')
-
-def _broken(path, i:int, raw:bytes, last:bool, audit:dict):
-    tid = m.group(1) if (m := _TASK_ID.search(raw.decode('utf-8', 'replace'))) else None
-    audit['torn' if last else 'corrupt'].append(dict(line=i, task_id=tid))
-    what = 'torn last line (a write that did not finish)' if last else 'corrupt line'
-    warnings.warn(f"{path}:{i}: {what}, task {tid or 'unknown'}: it counts as a failure until the task is evaluated again; the file is left as it is")
-
 def read_trajectories(path, tasks:list[Task]) -> tuple[dict[str, dict], dict]:
     "Usable records by task id, and an audit of the lines that could not be used."
-    path, ids = Path(path), {t.task_id for t in tasks}; recs, audit = {}, dict(lines=0, corrupt=[], torn=[], other_version=0, other_task=0, repeated=0)
-    lines = path.read_bytes().split(b'\n') if path.exists() else []
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip(): continue
-        audit['lines'] += 1
-        try: r = json.loads(raw)
-        except ValueError: _broken(path, i, raw, i == len(lines), audit); continue
-        if not isinstance(r, dict) or r.get('version') != TRAJECTORY_VERSION: audit['other_version'] += 1; continue
-        if r.get('task_id') not in ids: audit['other_task'] += 1; continue
-        audit['repeated'] += r['task_id'] in recs; recs[r['task_id']] = r
+    path, ids = Path(path), {t.task_id for t in tasks}
+    found, broken = read_jsonl(path, warn=False)
+    audit = dict(lines=len(found) + len(broken), corrupt=[], torn=[], other_version=0, other_task=0, repeated=0)
+    recs = {}
+    for b in broken:
+        audit['torn' if b.torn else 'corrupt'].append(dict(line=b.line, task_id=b.task_id))
+        warnings.warn(f"{b}: it counts as a failure until the task is evaluated again; the file is left as it is")
+    for r in found:
+        try: Trajectory.from_dict(r, str(path))
+        except ValueError:
+            audit['other_version'] += 1
+            continue
+        if r['task_id'] not in ids: audit['other_task'] += 1
+        else:
+            audit['repeated'] += r['task_id'] in recs
+            recs[r['task_id']] = r
     return recs, audit
 
 # %% ../nbs/07_evaluate.ipynb #2660369e
@@ -222,12 +226,15 @@ EVENT_KINDS = ('action', 'observation', 'tool_error', 'guard_rejection', 'end')
 
 def check_events(rec:dict) -> dict:
     "Normalised events: kinds, numbering and turns; counts per kind."
-    ev, bad = rec['events'], []; kinds = Counter(e['kind'] for e in ev)
+    ev, bad = rec['events'], []
+    kinds = Counter(e['kind'] for e in ev)
     if other := set(kinds) - set(EVENT_KINDS): bad.append(f"unknown event kinds {sorted(other)}")
     acts, rest = [e['id'] for e in ev if e['kind'] == 'action'], [e['id'] for e in ev if e['kind'] != 'action']
-    if acts != [f'a{i:04d}' for i in range(1, len(acts) + 1)] or rest != [f'e{i:04d}' for i in range(1, len(rest) + 1)]: bad.append('event ids out of sequence')
+    numbered = lambda xs, c: xs == [f'{c}{i:04d}' for i in range(1, len(xs) + 1)]
+    if not (numbered(acts, 'a') and numbered(rest, 'e')): bad.append('event ids out of sequence')
     turns = [e['turn'] for e in ev]
-    if turns != sorted(turns) or not set(range(1, rec['n_turns'] + 1)) <= set(turns): bad.append('event turns out of order or missing')
+    if turns != sorted(turns) or not set(range(1, rec['n_turns'] + 1)) <= set(turns):
+        bad.append('event turns out of order or missing')
     return dict(n_events=len(ev), **{f'n_{k}_events': kinds[k] for k in EVENT_KINDS}, problems=bad)
 
 # %% ../nbs/07_evaluate.ipynb #a3258ddf
@@ -235,20 +242,24 @@ DONE = ('purchase', 'finish')  # ends the agent chose
 
 def check_outcome(rec:dict) -> dict:
     "Reward, outcome and success flags, and their agreement with the reward detail."
-    d, bad = rec['reward_detail'], []; valid, out = d['reward_valid'], d['outcome']
+    d, bad = rec['reward_detail'], []
+    valid, out = d['reward_valid'], d['outcome']
     if rec['reward'] != d['reward']: bad.append('reward differs from reward_detail')
     if rec['termination_reason'] != d['termination_reason']: bad.append('termination_reason differs from reward_detail')
     if rec['strict_success'] != (valid and out == 'gold'): bad.append('strict_success disagrees with the outcome')
-    if rec['purchase_success'] != (valid and out in ('gold', 'alternative')): bad.append('purchase_success disagrees with the outcome')
-    return dict(reward=rec['reward'], outcome=out, reward_valid=valid, termination_reason=rec['termination_reason'], done=rec['termination_reason'] in DONE,
-                strict_success=rec['strict_success'], purchase_success=rec['purchase_success'], problems=bad)
+    if rec['purchase_success'] != (valid and out in ('gold', 'alternative')):
+        bad.append('purchase_success disagrees with the outcome')
+    return dict(reward=rec['reward'], outcome=out, reward_valid=valid, termination_reason=rec['termination_reason'],
+                done=rec['termination_reason'] in DONE, strict_success=rec['strict_success'],
+                purchase_success=rec['purchase_success'], problems=bad)
 
 # %% ../nbs/07_evaluate.ipynb #bff8aa9e
 def check_counts(rec:dict) -> dict:
     "Turns, steps and calls per tool, recounted from the events."
-    calls = Counter(e['data']['tool'] for e in rec['events'] if e['kind'] == 'action'); bad = []
+    calls, bad = Counter(e['data']['tool'] for e in rec['events'] if e['kind'] == 'action'), []
     if dict(calls) != rec['tool_counts']: bad.append('tool_counts differ from the action events')
-    if sum(e['kind'] == 'observation' for e in rec['events']) != rec['n_steps']: bad.append('n_steps differs from the observation events')
+    if sum(e['kind'] == 'observation' for e in rec['events']) != rec['n_steps']:
+        bad.append('n_steps differs from the observation events')
     known = {f'tool_{t}': calls[t] for t in TOOL_SPECS}
     return dict(n_turns=rec['n_turns'], n_steps=rec['n_steps'], n_calls=sum(calls.values()), **known,
                 tool_other=sum(calls.values()) - sum(known.values()), problems=bad)
@@ -268,9 +279,11 @@ def check_calls(rec:dict) -> dict:
     f, ev, bad = rec.get('flags') or {}, rec['events'], []
     refused = Counter(e['data'].get('reason') for e in ev if e['kind'] == 'guard_rejection')
     if sum(refused.values()) != f.get('guard_rejection', 0): bad.append('guard_rejection flag differs from the events')
-    if sum(e['kind'] == 'tool_error' for e in ev) != sum(f.get(k, 0) for k in MALFORMED + ('truncated',)): bad.append('reply-error flags differ from the events')
-    return dict(malformed=sum(f.get(k, 0) for k in MALFORMED), guard_rejections=f.get('guard_rejection', 0), refused_by_guard=refused['guard'],
-                refused_by_shop=refused['shop'], policy_errors=f.get('policy_error', 0), problems=bad)
+    if sum(e['kind'] == 'tool_error' for e in ev) != sum(f.get(k, 0) for k in MALFORMED + ('truncated',)):
+        bad.append('reply-error flags differ from the events')
+    return dict(malformed=sum(f.get(k, 0) for k in MALFORMED), guard_rejections=f.get('guard_rejection', 0),
+                refused_by_guard=refused['guard'], refused_by_shop=refused['shop'],
+                policy_errors=f.get('policy_error', 0), problems=bad)
 
 # %% ../nbs/07_evaluate.ipynb #1988b89d
 ARG_TOOLS = ('search_products', 'open_product', 'select_option')
@@ -279,9 +292,11 @@ NAV_TOOLS = ('next_page', 'prev_page', 'back_to_search')
 def check_repeats(rec:dict) -> dict:
     "Repeated calls, and an end in a loop."
     ev = rec['events']
-    calls = [(e['data']['tool'], json.dumps(e['data']['arguments'], sort_keys=True)) for e, nxt in zip(ev, ev[1:]) if e['kind'] == 'action' and nxt['kind'] == 'observation']
+    ran = [e for e, nxt in zip(ev, ev[1:]) if e['kind'] == 'action' and nxt['kind'] == 'observation']
+    calls = [(e['data']['tool'], json.dumps(e['data']['arguments'], sort_keys=True)) for e in ran]
     args = [c for c in calls if c[0] in ARG_TOOLS]
-    return dict(repeats_in_a_row=sum(a == b and a[0] not in NAV_TOOLS for a, b in zip(calls, calls[1:])), repeated_calls=len(args) - len(set(args)),
+    return dict(repeats_in_a_row=sum(a == b and a[0] not in NAV_TOOLS for a, b in zip(calls, calls[1:])),
+                repeated_calls=len(args) - len(set(args)),
                 loop_end=rec['termination_reason'] in ('repeat_loop', 'no_progress'), problems=[])
 
 # %% ../nbs/07_evaluate.ipynb #f0ace67e
@@ -290,52 +305,67 @@ PAGE_CUT = 'more line(s) not shown'  # what the projection of 03_agent writes wh
 def check_truncation(rec:dict) -> dict:
     "Cut replies, cut pages and context overflow."
     pages = [m['content'] for m in rec['messages'] if m['role'] != 'assistant' and isinstance(m.get('content'), str)]
-    return dict(truncated_replies=(rec.get('flags') or {}).get('truncated', 0), cut_pages=sum(PAGE_CUT in p for p in pages),
+    return dict(truncated_replies=(rec.get('flags') or {}).get('truncated', 0),
+                cut_pages=sum(PAGE_CUT in p for p in pages),
                 context_overflow=rec['termination_reason'] == 'context_overflow', problems=[])
 
 # %% ../nbs/07_evaluate.ipynb #b9443509
 def check_infrastructure(rec:dict) -> dict:
     "Infrastructure ends: not judged, still counted."
     inf, bad = bool(rec.get('infrastructure_invalid')), []
-    if inf != (rec['termination_reason'] in INFRA_REASONS): bad.append('infrastructure_invalid disagrees with the termination reason')
+    if inf != (rec['termination_reason'] in INFRA_REASONS):
+        bad.append('infrastructure_invalid disagrees with the termination reason')
     if inf and rec['reward_detail']['reward_valid']: bad.append('an infrastructure end scored as valid')
-    return dict(infrastructure_invalid=inf, not_judged=inf, infra_reason=rec['termination_reason'] if inf else None, problems=bad)
+    return dict(infrastructure_invalid=inf, not_judged=inf, infra_reason=rec['termination_reason'] if inf else None,
+                problems=bad)
 
 # %% ../nbs/07_evaluate.ipynb #0ad50fa8
-CHECKS = (check_events, check_outcome, check_counts, check_candidates, check_calls, check_repeats, check_truncation, check_infrastructure)
+CHECKS = (check_events, check_outcome, check_counts, check_candidates, check_calls, check_repeats, check_truncation,
+          check_infrastructure)
 
 def hard_checks(rec:dict) -> dict:
     "Every check family on one record, as one row with the problems found."
     row, problems = dict(task_id=rec['task_id']), []
     for check in CHECKS:
         try: r = check(rec)
-        except (KeyError, TypeError, AttributeError) as e: problems.append(f"{check.__name__}: unreadable record ({type(e).__name__}: {e})"); continue
-        problems += r.pop('problems'); row.update(r)
+        except (KeyError, TypeError, AttributeError) as e:
+            problems.append(f"{check.__name__}: unreadable record ({type(e).__name__}: {e})")
+            continue
+        problems += r.pop('problems')
+        row.update(r)
     return dict(row, problems=problems)
 
 # %% ../nbs/07_evaluate.ipynb #6caed95d
-def length_stratum(steps:int) -> str: return 'short (<=8)' if steps <= 8 else 'medium (9-13)' if steps <= 13 else 'long (14+)'  # thirds of the frozen benchmark
+def length_stratum(steps:int) -> str:
+    "The length stratum of an episode of `steps` oracle steps (near the thirds of the frozen benchmark)."
+    return 'short (<=8)' if steps <= 8 else 'medium (9-13)' if steps <= 13 else 'long (14+)'
 
 def task_strata(shop:Shop, tasks:list[Task]):
     "Each task's strata: number of constraints, and episode length (the oracle's steps)."
     import polars as pl
     steps = [run_message_episode(shop, t, ShopperPolicy(OracleShopper(shop.catalog)))['n_steps'] for t in tasks]
-    return pl.DataFrame(dict(task_id=[t.task_id for t in tasks], n_constraints=[t.facts.n_constraints for t in tasks], constraints=[t.stratum for t in tasks],
-                             expert_steps=steps, length=[length_stratum(s) for s in steps]))
+    return pl.DataFrame(dict(task_id=[t.task_id for t in tasks], n_constraints=[t.facts.n_constraints for t in tasks],
+                             constraints=[t.stratum for t in tasks], expert_steps=steps,
+                             length=[length_stratum(s) for s in steps]))
 
 # %% ../nbs/07_evaluate.ipynb #901fa13a
 MISSING = dict(strict_success=False, purchase_success=False, done=False, reward=0.0)  # a task with no usable record
-FIGURE_INPUTS = ('n_steps', 'n_calls', 'n_opened', 'malformed', 'guard_rejections', 'repeats_in_a_row', 'loop_end', 'truncated_replies', 'context_overflow')
+FIGURE_INPUTS = ('n_steps', 'n_calls', 'n_opened', 'malformed', 'guard_rejections', 'repeats_in_a_row', 'loop_end',
+                 'truncated_replies', 'context_overflow')
 
 def check_table(strata, recs:dict, audit:dict):
     "One row per benchmark task: its strata, its hard checks, its status."
     import polars as pl
     broken = {b['task_id'] for b in audit['corrupt'] + audit['torn']}
     def row(tid):
-        if tid not in recs: return dict(task_id=tid, **MISSING, status='corrupt' if tid in broken else 'missing', problems=[])
-        r = hard_checks(recs[tid]); return dict(r, status='not_judged' if r.get('not_judged') else 'ok')
-    t = strata.join(pl.DataFrame([row(t) for t in strata['task_id']], infer_schema_length=None), on='task_id', how='left', maintain_order='left')
-    return t.with_columns([pl.lit(None).alias(c) for c in FIGURE_INPUTS if c not in t.columns])  # a table without any record still has every column
+        if tid not in recs:
+            return dict(task_id=tid, **MISSING, status='corrupt' if tid in broken else 'missing', problems=[])
+        r = hard_checks(recs[tid])
+        return dict(r, status='not_judged' if r.get('not_judged') else 'ok')
+    rows = pl.DataFrame([row(t) for t in strata['task_id']], infer_schema_length=None)
+    t = strata.join(rows, on='task_id', how='left', maintain_order='left')
+    # a table without any record still has every column
+    return t.with_columns([pl.lit(None).alias(c) for c in FIGURE_INPUTS if c not in t.columns])
 
 # %% ../nbs/07_evaluate.ipynb #064acaf5
 def _figures():
@@ -343,12 +373,15 @@ def _figures():
     ran, n = pl.col('status').is_in(['ok', 'not_judged']), pl.len()
     rate = lambda c, name: pl.col(c).fill_null(False).cast(pl.Float64).mean().round(4).alias(name)
     per_ep = lambda c, name: pl.col(c).filter(ran).cast(pl.Float64).mean().round(3).alias(name)
-    return [n.alias('n_tasks'), ran.sum().alias('n_episodes'), rate('strict_success', 'strict_success'), rate('purchase_success', 'purchase_success'),
-            rate('done', 'done_rate'), pl.col('reward').fill_null(0.0).mean().round(4).alias('mean_reward'),
-            per_ep('n_steps', 'mean_steps'), per_ep('n_calls', 'calls_per_episode'), per_ep('n_opened', 'opened_per_episode'),
+    return [n.alias('n_tasks'), ran.sum().alias('n_episodes'), rate('strict_success', 'strict_success'),
+            rate('purchase_success', 'purchase_success'), rate('done', 'done_rate'),
+            pl.col('reward').fill_null(0.0).mean().round(4).alias('mean_reward'),
+            per_ep('n_steps', 'mean_steps'), per_ep('n_calls', 'calls_per_episode'),
+            per_ep('n_opened', 'opened_per_episode'),
             per_ep('malformed', 'malformed_per_episode'), per_ep('guard_rejections', 'guard_rejections_per_episode'),
-            per_ep('repeats_in_a_row', 'repeats_per_episode'), rate('loop_end', 'loop_end_rate'), per_ep('truncated_replies', 'truncated_per_episode'),
-            rate('context_overflow', 'context_overflow_rate'), *[(pl.col('status') == s).sum().alias(s) for s in ('missing', 'corrupt', 'not_judged')],
+            per_ep('repeats_in_a_row', 'repeats_per_episode'), rate('loop_end', 'loop_end_rate'),
+            per_ep('truncated_replies', 'truncated_per_episode'), rate('context_overflow', 'context_overflow_rate'),
+            *[(pl.col('status') == s).sum().alias(s) for s in ('missing', 'corrupt', 'not_judged')],
             (pl.col('problems').list.len() > 0).sum().alias('with_problems')]
 
 def figures(table, by:str|None=None):
@@ -359,17 +392,20 @@ def figures(table, by:str|None=None):
 def tool_mix(table) -> dict:
     "Share of each tool among all calls."
     tools = [c for c in table.columns if c.startswith('tool_')]
-    tot = {c.removeprefix('tool_'): int(table[c].fill_null(0).sum()) for c in tools}; n = max(1, sum(tot.values()))
+    tot = {c.removeprefix('tool_'): int(table[c].fill_null(0).sum()) for c in tools}
+    n = max(1, sum(tot.values()))
     return {k: round(v / n, 4) for k, v in sorted(tot.items(), key=lambda kv: -kv[1]) if v}
 
 # %% ../nbs/07_evaluate.ipynb #e2bbb45a
 def summarize(records:list[dict], task_ids:list[str], **meta) -> dict:
     "The evaluation summary: rates over all `task_ids`, whatever records exist."
-    by = {r['task_id']: r for r in records}; n = len(task_ids); rs = [by[t] for t in task_ids if t in by]
-    rate = lambda k: round(sum(bool(r[k]) for r in rs) / n, 4) if n else 0.0
-    out = dict(n_tasks=n, n_episodes=len(rs), strict_success=rate('strict_success'), purchase_success=rate('purchase_success'),
-               done_rate=round(sum(r['termination_reason'] in ('purchase', 'finish') for r in rs) / n, 4) if n else 0.0,
-               mean_reward=round(sum(r['reward'] for r in rs) / n, 4) if n else 0.0,
+    by, n = {r['task_id']: r for r in records}, len(task_ids)
+    rs = [by[t] for t in task_ids if t in by]
+    share = lambda xs: round(sum(xs) / n, 4) if n else 0.0
+    out = dict(n_tasks=n, n_episodes=len(rs), strict_success=share(bool(r['strict_success']) for r in rs),
+               purchase_success=share(bool(r['purchase_success']) for r in rs),
+               done_rate=share(r['termination_reason'] in ('purchase', 'finish') for r in rs),
+               mean_reward=share(r['reward'] for r in rs),
                mean_steps=round(sum(r['n_steps'] for r in rs) / max(1, len(rs)), 2),
                invalid_actions=sum(r['n_invalid'] for r in rs),
                outcomes=dict(sorted(Counter(r['reward_detail']['outcome'] for r in rs).items())))
@@ -382,56 +418,71 @@ def by_stratum(recs:list[dict], tasks:list[Task]) -> dict:
     return {k: summarize(recs, ids)['strict_success'] for k, ids in sorted(groups.items())}
 
 # %% ../nbs/07_evaluate.ipynb #19c2b879
-def write_summary(out_dir, recs:list[dict], tasks:list[Task], name:str, shop:Shop, config:dict, seconds:float) -> dict:
-    "The summary of `recs` over the whole task list, written as `summary.json`."
-    ids = {t.task_id for t in tasks}; rs = [r for r in recs if r['task_id'] in ids]; n = max(1, len(rs))
-    s = summarize(rs, [t.task_id for t in tasks], model=name, config=config, benchmark_sha256=benchmark_hash(shop.catalog.lang),
-                  catalog_sha256=shop.catalog.sha256, versions=package_versions(), seconds=round(seconds, 2), by_stratum=by_stratum(rs, tasks))
-    s.update(guard_rejections=sum(r.get('flags', {}).get('guard_rejection', 0) for r in rs),
-             malformed_replies=sum(v for r in rs for k, v in r.get('flags', {}).items() if k in ('malformed', 'no_call', 'empty', 'truncated')),
-             infrastructure_invalid=sum(bool(r.get('infrastructure_invalid')) for r in rs),
-             tool_mix=dict(sum((Counter(r.get('tool_counts', {})) for r in rs), Counter())))
-    write_atomic(Path(out_dir)/'summary.json', json.dumps(s, indent=1, ensure_ascii=False)); return s
+VERSIONED = ('shopping_grpo', 'polars', 'numpy', 'tantivy', 'torch', 'transformers', 'openai', 'scipy', 'statsmodels')
+REPLY_ERRORS = MALFORMED + ('truncated',)  # the flags counted as malformed replies
+
+def write_summary(out_dir, tasks:list[Task], ident:dict, strata, spec:dict|None=None, config:dict|None=None,
+                  seconds:float=0.0) -> dict:
+    "Every figure of `out_dir`'s episodes over the whole task list, computed once: `checks.jsonl` and `summary.json`."
+    out_dir, ids = Path(out_dir), [t.task_id for t in tasks]
+    path = out_dir/'trajectories.jsonl'
+    recs, audit = read_trajectories(path, tasks)
+    rs = [recs[i] for i in ids if i in recs]
+    flags = [r.get('flags') or {} for r in rs]
+    table = check_table(strata, recs, audit)
+    write_atomic(out_dir/'checks.jsonl', table.write_ndjson())
+    problems = Counter(p.split(':')[0] for ps in table['problems'].to_list() for p in ps)
+    files = dict(trajectories_sha256=sha256_file(path) if path.exists() else None,
+                 checks_sha256=sha256_file(out_dir/'checks.jsonl'))
+    s = summarize(rs, ids, model=(spec or {}).get('name', out_dir.name), config=config,
+                  benchmark_sha256=ident['benchmark_sha256'], catalog_sha256=ident['catalog_sha256'],
+                  versions=package_versions(VERSIONED), seconds=round(seconds, 2), by_stratum=by_stratum(rs, tasks),
+                  guard_rejections=sum(f.get('guard_rejection', 0) for f in flags),
+                  malformed_replies=sum(f.get(k, 0) for f in flags for k in REPLY_ERRORS),
+                  infrastructure_invalid=sum(bool(r.get('infrastructure_invalid')) for r in rs),
+                  tool_mix=tool_mix(table))
+    s.update(benchmark=ident, task_ids=ids, policy=spec, figures=figures(table).row(0, named=True),
+             by_constraints=figures(table, 'constraints').to_dicts(), by_length=figures(table, 'length').to_dicts(),
+             status=dict(Counter(table['status'].to_list())), problems=dict(problems), records=dict(audit, **files))
+    write_atomic(out_dir/'summary.json', json.dumps(s, indent=1, ensure_ascii=False))
+    return s
 
 # %% ../nbs/07_evaluate.ipynb #1336046d
-def evaluate(shop:Shop, tasks:list[Task], policy, out_dir, renderer=None, lang:str='en', max_turns:int=35, workers:int=1, batch_size:int=64,
-             config:dict|None=None, progress:bool=True, make_env=None, **token_kw) -> dict:
-    "Play `policy` on every task not yet done in `out_dir` (the one runner of `03_agent`), then write and return the summary."
-    out_dir = Path(out_dir); t0 = time.time(); name = getattr(policy, 'name', 'model')
-    recs = play(shop, tasks, policy, out_dir/'trajectories.jsonl', progress, renderer=renderer, lang=lang, max_turns=max_turns, workers=workers,
-                batch_size=batch_size, make_env=make_env, **token_kw)
-    return write_summary(out_dir, list(recs.values()), tasks, name, shop, dict(config or {}, lang=lang, max_turns=max_turns), time.time() - t0)
-
-# %% ../nbs/07_evaluate.ipynb #acb98a7a
-VERSIONED = ('shopping_grpo', 'polars', 'numpy', 'tantivy', 'torch', 'transformers', 'openai', 'scipy', 'statsmodels')
-
-def write_eval_summary(out_dir, tasks:list[Task], ident:dict, strata, policy:dict|None=None) -> dict:
-    "Hard checks and figures of `out_dir`'s episodes over all `tasks`: `checks.jsonl` and `summary.json`."
-    out_dir = Path(out_dir); path = out_dir/'trajectories.jsonl'; recs, audit = read_trajectories(path, tasks)
-    table = check_table(strata, recs, audit); base = json.loads((out_dir/'summary.json').read_text()) if (out_dir/'summary.json').exists() else {}
-    _replace_durably(out_dir/'checks.jsonl', table.write_ndjson().encode())
-    s = dict(base, model=out_dir.name, benchmark_sha256=ident['benchmark_sha256'], benchmark=ident, task_ids=[t.task_id for t in tasks],
-             policy=policy or base.get('policy'), figures=figures(table).row(0, named=True), by_constraints=figures(table, 'constraints').to_dicts(),
-             by_length=figures(table, 'length').to_dicts(), tool_mix=tool_mix(table), status=dict(Counter(table['status'].to_list())),
-             problems=dict(Counter(p.split(':')[0] for ps in table['problems'].to_list() for p in ps)),
-             records=dict(audit, trajectories_sha256=sha256_file(path) if path.exists() else None, checks_sha256=sha256_file(out_dir/'checks.jsonl')),
-             versions=package_versions(VERSIONED))
-    write_atomic(out_dir/'summary.json', json.dumps(s, indent=1, ensure_ascii=False)); return s
+def evaluate(shop:Shop, tasks:list[Task], policy, out_dir, renderer=None, lang:str='en', max_turns:int=35,
+             workers:int=1, batch_size:int=64, config:dict|None=None, progress:bool=True, make_env=None,
+             n_play:int|None=None,  # play only the first `n_play` tasks (a smoke run); the others count as missing
+             ident:dict|None=None,  # what identifies the task list (`benchmark_tasks`); None: the tasks as given
+             strata=None,           # the tasks' strata (`task_strata`); None: computed here
+             spec:dict|None=None,   # the policy's public spec (`PolicySpec.public`); None: made from the policy
+             **token_kw) -> dict:
+    "Play `policy` on every task not yet done in `out_dir` (the runner of `03_agent`); write and return the summary."
+    out_dir, t0 = Path(out_dir), time.time()
+    play(shop, tasks[:n_play] if n_play else tasks, policy, out_dir/'trajectories.jsonl', progress, renderer=renderer,
+         lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, make_env=make_env, **token_kw)
+    ident = ident or tasks_ident(shop, tasks, 'task list', benchmark_hash(shop.catalog.lang))
+    strata = strata if strata is not None else task_strata(shop, tasks)
+    config = dict(config or {}, lang=lang, max_turns=max_turns)
+    return write_summary(out_dir, tasks, ident, strata, spec or as_spec(policy).public(), config, time.time() - t0)
 
 # %% ../nbs/07_evaluate.ipynb #dfa3b5b7
-def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64, data=None,
-                   device:str|None=None, strata=None, progress:bool=True,
-                   play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the others count as missing, still in the denominator
+def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64,
+                   data=None, device:str|None=None, strata=None, progress:bool=True,
+                   play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
                    **spec_kw) -> dict:
     "Evaluate the policy `spec` names on the benchmark into `run_dir/eval/<name>/`; the summary."
-    spec = as_spec(spec, **spec_kw); tasks, ident = benchmark_tasks(shop, n_eval, data)  # refuses a changed benchmark before any write
+    spec = as_spec(spec, **spec_kw)
+    tasks, ident = benchmark_tasks(shop, n_eval, data)  # refuses a changed benchmark before any write
     out, settings = Path(run_dir)/'eval'/spec.name, eval_settings(spec, ident, shop, max_turns)
-    prepare_folder(out, settings); t0 = time.time()
+    prepare_folder(out, settings)
+    t0 = time.time()
     with open_policy(spec, shop, ident['lang'], device) as (pol, kw):
-        if why := endpoint_down(pol): warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as infrastructure_invalid "
-                                                    f"(generation_error), counted as not judged, and played again by the next run")
-        evaluate(shop, tasks[:play] if play else tasks, pol, out, lang=ident['lang'], max_turns=max_turns, workers=workers, batch_size=batch_size, config=settings, progress=progress, **kw)
-    s = write_eval_summary(out, tasks, ident, strata if strata is not None else task_strata(shop, tasks), spec.public())
+        if why := endpoint_down(pol):
+            warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
+                          f"infrastructure_invalid (generation_error), counted as not judged, "
+                          f"and played again by the next run")
+        s = evaluate(shop, tasks, pol, out, lang=ident['lang'], max_turns=max_turns, workers=workers,
+                     batch_size=batch_size, config=settings, progress=progress, n_play=play, ident=ident, strata=strata,
+                     spec=spec.public(), **kw)
     return s | dict(wall_seconds=round(time.time() - t0, 2))
 
 # %% ../nbs/07_evaluate.ipynb #f0d86981
@@ -439,76 +490,99 @@ TRAINED = ('sft', 'grpo')  # stages whose merged checkpoint a run may hold, at r
 
 def trained_models(run_dir, **kw) -> list[PolicySpec]:
     "Specs of the merged checkpoints a run folder holds."
-    return [as_spec(f'{s}=transformers:{p}', **kw) for s in TRAINED if ((p := Path(run_dir)/s/'merged')/'config.json').exists()]
+    merged = {s: Path(run_dir)/s/'merged' for s in TRAINED}
+    return [as_spec(f'{s}=transformers:{p}', **kw) for s, p in merged.items() if (p/'config.json').exists()]
 
 # %% ../nbs/07_evaluate.ipynb #a98ec5c9
 def paired_ci(x, y, seed:int=0, n_resamples:int=10_000, level:float=0.95) -> tuple[float, float]:
     "Paired bootstrap confidence interval for mean(x) - mean(y)."
     import numpy as np
     from scipy.stats import bootstrap
-    x, y = np.asarray(x, float), np.asarray(y, float); d = x - y
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    d = x - y
     if (d == d[0]).all(): return float(d[0]), float(d[0])
+    diff = lambda a, b, axis: a.mean(axis) - b.mean(axis)
     for method in ('BCa', 'percentile'):  # BCa, unless the data leave its correction undefined
-        r = bootstrap((x, y), lambda a, b, axis: a.mean(axis) - b.mean(axis), paired=True, vectorized=True, n_resamples=n_resamples,
-                      confidence_level=level, method=method, rng=np.random.default_rng(seed))
+        r = bootstrap((x, y), diff, paired=True, vectorized=True, n_resamples=n_resamples, confidence_level=level,
+                      method=method, rng=np.random.default_rng(seed))
         if not np.isnan(r.confidence_interval.low): break
     return round(float(r.confidence_interval.low), 4), round(float(r.confidence_interval.high), 4)
 
+def _paired(a, b, won:int, lost:int, p:float, seed:int, n_resamples:int, test:str) -> dict:
+    "The figures of a paired comparison: tasks won, lost and tied, the test's p-value, the difference and its CI."
+    lo, hi = paired_ci(a, b, seed, n_resamples)
+    return dict(won=won, lost=lost, tied=len(a) - won - lost, p_value=float(f'{p:.6g}'),
+                diff=round(float(a.mean() - b.mean()), 4), ci_low=lo, ci_high=hi, a_value=round(float(a.mean()), 4),
+                b_value=round(float(b.mean()), 4), test=test, ci='95% paired bootstrap (BCa)')
+
 def paired_binary(a, b, seed:int=0, n_resamples:int=10_000) -> dict:
-    "Won, lost and tied tasks of `a` against `b` (0/1 per task, same order), the exact McNemar test and the CI of the difference."
+    "Won, lost and tied tasks of `a` against `b` (0/1 per task, same order), the exact McNemar test, the CI."
     import numpy as np
     from statsmodels.stats.contingency_tables import mcnemar
-    a, b = np.asarray(a, bool), np.asarray(b, bool); won, lost = int((a & ~b).sum()), int((~a & b).sum())
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    won, lost = int((a & ~b).sum()), int((~a & b).sum())
     p = float(mcnemar([[int((a & b).sum()), won], [lost, int((~a & ~b).sum())]], exact=True).pvalue)
-    lo, hi = paired_ci(a, b, seed, n_resamples)
-    return dict(won=won, lost=lost, tied=len(a) - won - lost, p_value=float(f'{p:.6g}'), diff=round(float(a.mean() - b.mean()), 4), ci_low=lo, ci_high=hi,
-                a_value=round(float(a.mean()), 4), b_value=round(float(b.mean()), 4), test='exact McNemar', ci='95% paired bootstrap (BCa)')
+    return _paired(a, b, won, lost, p, seed, n_resamples, 'exact McNemar')
 
 # %% ../nbs/07_evaluate.ipynb #4e3be91c
 def paired_reward(a, b, seed:int=0, n_resamples:int=10_000) -> dict:
     "Won, lost and tied tasks by reward, a paired permutation test and the CI of the difference of means."
     import numpy as np
     from scipy.stats import permutation_test
-    a, b = np.asarray(a, float), np.asarray(b, float); won, lost = int((a > b).sum()), int((a < b).sum())
-    p = 1.0 if (a == b).all() else float(permutation_test((a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), permutation_type='samples',
-                                                          vectorized=True, n_resamples=n_resamples, rng=np.random.default_rng(seed)).pvalue)
-    lo, hi = paired_ci(a, b, seed, n_resamples)
-    return dict(won=won, lost=lost, tied=len(a) - won - lost, p_value=float(f'{p:.6g}'), diff=round(float(a.mean() - b.mean()), 4), ci_low=lo, ci_high=hi,
-                a_value=round(float(a.mean()), 4), b_value=round(float(b.mean()), 4), test='paired permutation (sign flips)', ci='95% paired bootstrap (BCa)')
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    won, lost = int((a > b).sum()), int((a < b).sum())
+    diff = lambda x, y, axis: x.mean(axis) - y.mean(axis)
+    flips = lambda: permutation_test((a, b), diff, permutation_type='samples', vectorized=True, n_resamples=n_resamples,
+                                     rng=np.random.default_rng(seed))
+    p = 1.0 if (a == b).all() else float(flips().pvalue)
+    return _paired(a, b, won, lost, p, seed, n_resamples, 'paired permutation (sign flips)')
 
 # %% ../nbs/07_evaluate.ipynb #7bd95b4f
 def eval_outcomes(eval_dir):
     "An evaluation's summary and its per-task outcomes, checked to be current."
     import polars as pl
     d = Path(eval_dir)
-    if not (d/'summary.json').exists() or not (d/'checks.jsonl').exists(): raise FileNotFoundError(f"{d} holds no finished evaluation (summary.json, checks.jsonl)")
-    s = json.loads((d/'summary.json').read_text()); path = d/'trajectories.jsonl'
+    if not (d/'summary.json').exists() or not (d/'checks.jsonl').exists():
+        raise FileNotFoundError(f"{d} holds no finished evaluation (summary.json, checks.jsonl)")
+    s, path = json.loads((d/'summary.json').read_text()), d/'trajectories.jsonl'
     if (sha256_file(path) if path.exists() else None) != s['records']['trajectories_sha256']:
-        raise ValueError(f"{path} changed after its summary was written: evaluate the model again to refresh {d/'summary.json'}")
-    return s, pl.read_ndjson(d/'checks.jsonl', infer_schema_length=None).select('task_id', 'strict_success', 'purchase_success', 'reward', 'status')
+        raise ValueError(f"{path} changed after its summary was written: "
+                         f"evaluate the model again to refresh {d/'summary.json'}")
+    rows = pl.DataFrame(read_jsonl(d/'checks.jsonl')[0], infer_schema_length=None)
+    return s, rows.select('task_id', 'strict_success', 'purchase_success', 'reward', 'status')
 
 def pairable(sa:dict, sb:dict, ta, tb):
     "Raise unless two evaluations played the same tasks of the same benchmark in the same shop."
-    ba, bb = sa['benchmark'], sb['benchmark']; names = f"{sa['model']} and {sb['model']}"
+    ba, bb = sa['benchmark'], sb['benchmark']
+    names = f"{sa['model']} and {sb['model']}"
     if ba['benchmark_sha256'] != bb['benchmark_sha256'] or ba['source'] != bb['source']:
-        raise ValueError(f"{names} were evaluated on different benchmarks ({ba['source']} {str(ba['benchmark_sha256'])[:12]} vs {bb['source']} {str(bb['benchmark_sha256'])[:12]}): they cannot be paired")
-    if ba['catalog_sha256'] != bb['catalog_sha256']: raise ValueError(f"{names} were evaluated in different shops (catalogs {ba['catalog_sha256'][:12]} vs {bb['catalog_sha256'][:12]})")
+        raise ValueError(f"{names} were evaluated on different benchmarks "
+                         f"({ba['source']} {str(ba['benchmark_sha256'])[:12]} vs {bb['source']} "
+                         f"{str(bb['benchmark_sha256'])[:12]}): they cannot be paired")
+    if ba['catalog_sha256'] != bb['catalog_sha256']:
+        raise ValueError(f"{names} were evaluated in different shops "
+                         f"(catalogs {ba['catalog_sha256'][:12]} vs {bb['catalog_sha256'][:12]})")
     if ba['tasks_sha256'] != bb['tasks_sha256'] or ta['task_id'].to_list() != tb['task_id'].to_list():
-        raise ValueError(f"{names} were evaluated on different task lists ({ba['n_tasks']} vs {bb['n_tasks']} tasks): evaluate both with the same n_eval")
+        raise ValueError(f"{names} were evaluated on different task lists ({ba['n_tasks']} vs {bb['n_tasks']} tasks): "
+                         f"evaluate both with the same n_eval")
 
 # %% ../nbs/07_evaluate.ipynb #17cfb48f
 def compare(dir_a, dir_b, seed:int=0, n_resamples:int=10_000) -> dict:
-    "Paired comparison of two evaluations, task by task: strict success at the top level, purchase success and mean reward nested."
-    (sa, ta), (sb, tb) = eval_outcomes(dir_a), eval_outcomes(dir_b); pairable(sa, sb, ta, tb)
+    "Paired comparison of two evaluations, task by task: strict success at the top, purchase success and reward nested."
+    (sa, ta), (sb, tb) = eval_outcomes(dir_a), eval_outcomes(dir_b)
+    pairable(sa, sb, ta, tb)
     col = lambda t, c: t[c].fill_null(False if c != 'reward' else 0.0).to_list()
     acct = lambda t: {s: int((t['status'] == s).sum()) for s in ('missing', 'corrupt', 'not_judged')}
-    strict = paired_binary(col(ta, 'strict_success'), col(tb, 'strict_success'), seed, n_resamples)
-    return dict(a=sa['model'], b=sb['model'], n_tasks=len(ta), metric='strict_success', **strict,
-                purchase_success=paired_binary(col(ta, 'purchase_success'), col(tb, 'purchase_success'), seed, n_resamples),
-                mean_reward=paired_reward(col(ta, 'reward'), col(tb, 'reward'), seed, n_resamples), accounting=dict(a=acct(ta), b=acct(tb)),
-                benchmark=sa['benchmark'], seed=seed, n_resamples=n_resamples, versions=package_versions(('shopping_grpo', 'scipy', 'statsmodels', 'polars')))
+    binary = lambda c: paired_binary(col(ta, c), col(tb, c), seed, n_resamples)
+    return dict(a=sa['model'], b=sb['model'], n_tasks=len(ta), metric='strict_success', **binary('strict_success'),
+                purchase_success=binary('purchase_success'),
+                mean_reward=paired_reward(col(ta, 'reward'), col(tb, 'reward'), seed, n_resamples),
+                accounting=dict(a=acct(ta), b=acct(tb)), benchmark=sa['benchmark'], seed=seed, n_resamples=n_resamples,
+                versions=package_versions(('shopping_grpo', 'scipy', 'statsmodels', 'polars')))
 
 def write_comparison(run_dir, a:str, b:str, seed:int=0, n_resamples:int=10_000) -> dict:
     "Compare models `a` and `b` of a run; written to `run_dir/eval/compare/<a>_vs_<b>.json`."
-    ev = Path(run_dir)/'eval'; c = compare(ev/a, ev/b, seed, n_resamples)
-    write_atomic(ev/'compare'/f'{a}_vs_{b}.json', json.dumps(c, indent=1, ensure_ascii=False)); return c
+    ev = Path(run_dir)/'eval'
+    c = compare(ev/a, ev/b, seed, n_resamples)
+    write_atomic(ev/'compare'/f'{a}_vs_{b}.json', json.dumps(c, indent=1, ensure_ascii=False))
+    return c

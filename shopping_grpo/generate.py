@@ -20,6 +20,19 @@ def _load(model_path, device, dtype, model, tokenizer):
     m = model or AutoModelForCausalLM.from_pretrained(str(model_path), dtype=getattr(torch, dtype)).to(device).eval()
     return m, tok
 
+def _end_and_pad(tok, end_token:str) -> tuple[int, int]:
+    "The ids of the end-of-turn token and of padding (the end token where the tokenizer has no pad token)."
+    end_id = tok.convert_tokens_to_ids(end_token)
+    return end_id, tok.pad_token_id if tok.pad_token_id is not None else end_id
+
+def _left_pad(contexts:list[list[int]], pad_id:int, device):
+    "The contexts padded on the left to one length `n`, as ids and a 0/1 keep mask; and `n`."
+    import torch
+    n = max(map(len, contexts))
+    ids = torch.tensor([[pad_id]*(n - len(c)) + c for c in contexts], device=device)
+    keep = torch.tensor([[0]*(n - len(c)) + [1]*len(c) for c in contexts], device=device)
+    return ids, keep, n
+
 def _cut(seq:list[int], end_id:int) -> list[int]:
     "A generated sequence up to and including its first end token."
     return seq[:seq.index(end_id) + 1] if end_id in seq else seq
@@ -27,14 +40,13 @@ def _cut(seq:list[int], end_id:int) -> list[int]:
 # %% ../nbs/03b_generate.ipynb #9e4b610a
 class TransformersPolicy:
     "Batched generation with `model.generate`: a token policy for the lockstep runner."
-    def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256, device:str|None=None,
-                 dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None):
+    def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
+                 device:str|None=None, dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None):
         import torch
         self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
         self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
-        self.end_id = self.tok.convert_tokens_to_ids(end_token)
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.end_id
+        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
         self.generated, self.gen_seconds = 0, 0.0
 
 # %% ../nbs/03b_generate.ipynb #bb01c55e
@@ -42,15 +54,16 @@ class TransformersPolicy:
 def __call__(self:TransformersPolicy, contexts:list[list[int]]) -> list[list[int]]:
     "New ids for each context, cut after the end-of-turn token."
     import torch
-    t0, n = time.time(), max(len(c) for c in contexts)
-    ids = torch.tensor([[self.pad_id]*(n - len(c)) + c for c in contexts], device=self.device)
-    mask = torch.tensor([[0]*(n - len(c)) + [1]*len(c) for c in contexts], device=self.device)
-    kw = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p) if self.temperature > 0 else dict(do_sample=False)
+    t0 = time.time()
+    ids, mask, n = _left_pad(contexts, self.pad_id, self.device)
+    if self.temperature > 0: kw = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+    else: kw = dict(do_sample=False)
     with torch.inference_mode():
-        out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens, eos_token_id=self.end_id,
-                                  pad_token_id=self.pad_id, **kw)[:, n:].tolist()
+        out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                                  eos_token_id=self.end_id, pad_token_id=self.pad_id, **kw)[:, n:].tolist()
     res = [_cut(o, self.end_id) for o in out]
-    self.generated += sum(map(len, res)); self.gen_seconds += time.time() - t0
+    self.generated += sum(map(len, res))
+    self.gen_seconds += time.time() - t0
     return res
 
 # %% ../nbs/03b_generate.ipynb #1778ac90
@@ -64,11 +77,14 @@ def sample_next(logits, temperature:float, top_p:float, generator=None):
     "Next tokens and their log-probabilities under the sampling distribution (greedy at temperature 0)."
     import torch
     if temperature <= 0:
-        lp = torch.log_softmax(logits.float(), -1); tok = lp.argmax(-1); return tok, lp.gather(-1, tok[:, None])[:, 0]
+        lp = torch.log_softmax(logits.float(), -1)
+        tok = lp.argmax(-1)
+        return tok, lp.gather(-1, tok[:, None])[:, 0]
     lp = torch.log_softmax(logits.float() / temperature, -1)
     if top_p < 1.0:
-        srt, idx = lp.sort(-1, descending=True); drop = srt.exp().cumsum(-1) - srt.exp() > top_p
-        lp = lp.scatter(-1, idx, srt.masked_fill(drop, float('-inf'))); lp = torch.log_softmax(lp, -1)
+        srt, idx = lp.sort(-1, descending=True)
+        drop = srt.exp().cumsum(-1) - srt.exp() > top_p  # outside the nucleus: the mass before it already exceeds top_p
+        lp = torch.log_softmax(lp.scatter(-1, idx, srt.masked_fill(drop, float('-inf'))), -1)
     tok = torch.multinomial(lp.exp(), 1, generator=generator)[:, 0]
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
@@ -77,30 +93,39 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout:float=0.0, s
     "SDPA that, for one-token decode steps, folds each key/value head's query group into query positions (no KV copy)."
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    b, h, q, d = query.shape; kvh = key.shape[1]
-    if q != 1 or h == kvh: return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kw)
-    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, kvh, h // kvh, d), key, value, attn_mask=attention_mask, scale=scaling)
+    b, h, q, d = query.shape
+    kvh = key.shape[1]
+    if q != 1 or h == kvh:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kw)
+    grouped = query.reshape(b, kvh, h // kvh, d)  # each key/value head's query heads as its query positions
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
 
 def use_grouped_sdpa(model):
     "Switch `model` to `grouped_sdpa` attention (registered once with transformers' attention interface)."
     from transformers import AttentionInterface
-    AttentionInterface.register('grouped_sdpa', grouped_sdpa); model.set_attn_implementation('grouped_sdpa'); return model
+    AttentionInterface.register('grouped_sdpa', grouped_sdpa)
+    model.set_attn_implementation('grouped_sdpa')
+    return model
 
 # %% ../nbs/03b_generate.ipynb #c0982c93
 class StaticDecoder:
     "Batched decoding with a static KV cache; on CUDA the decode step is captured once per bucket as a graph."
-    def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256, device:str|None=None,
-                 dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None, cuda_graph:bool|None=None, bucket:int=256, seed:int=0, grouped_attention:bool=True):
+    def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
+                 device:str|None=None, dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None,
+                 cuda_graph:bool|None=None,     # capture the decode step as a CUDA graph; default: on CUDA
+                 bucket:int=256,                # cache lengths are rounded up to a multiple of this
+                 seed:int=0, grouped_attention:bool=True):
         import torch
         self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
         self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
         if grouped_attention: use_grouped_sdpa(self.model)
         self.temperature, self.top_p, self.max_new_tokens, self.bucket = temperature, top_p, max_new_tokens, bucket
-        self.end_id = self.tok.convert_tokens_to_ids(end_token)
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.end_id
+        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
         self.graph = (self.device.startswith('cuda')) if cuda_graph is None else cuda_graph
-        self.gen = torch.Generator(device=self.device).manual_seed(seed); self.slots = {}
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.slots = {}
         self.generated, self.gen_seconds, self.last_logprobs = 0, 0.0, []
 
 # %% ../nbs/03b_generate.ipynb #d8126289
@@ -111,16 +136,19 @@ def _slot(self:StaticDecoder, b:int, length:int) -> dict:
     key = (b, -(-length // self.bucket) * self.bucket)
     if key in self.slots: return self.slots[key]
     if len(self.slots) >= 4: self.slots.pop(next(iter(self.slots)))  # keep memory bounded: drop the oldest bucket
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=self.device)
     s = dict(L=key[1], cache=StaticCache(config=self.model.config, max_cache_len=key[1]),
-             tok=torch.zeros(b, 1, dtype=torch.long, device=self.device), pos=torch.zeros(b, 1, dtype=torch.long, device=self.device),
-             keep=torch.zeros(b, key[1], dtype=torch.long, device=self.device), graph=None)
-    self.slots[key] = s; return s
+             tok=zeros(b, 1), pos=zeros(b, 1), keep=zeros(b, key[1]), graph=None)
+    self.slots[key] = s
+    return s
 
 @patch
 def _step(self:StaticDecoder, s:dict):
     "Logits of the next token for every row (the part captured as a graph)."
     m = additive_mask(s['keep'], self.model.dtype)
-    return self.model(input_ids=s['tok'], attention_mask=m, position_ids=s['pos'], past_key_values=s['cache'], use_cache=True).logits[:, -1]
+    out = self.model(input_ids=s['tok'], attention_mask=m, position_ids=s['pos'], past_key_values=s['cache'],
+                     use_cache=True)
+    return out.logits[:, -1]
 
 # %% ../nbs/03b_generate.ipynb #6b91e133
 def _set_length(cache, n:int):
@@ -130,27 +158,34 @@ def _set_length(cache, n:int):
 @patch
 def _prefill(self:StaticDecoder, s:dict, contexts:list[list[int]]):
     import torch
-    n = max(map(len, contexts)); dev = self.device
-    ids = torch.tensor([[self.pad_id]*(n - len(c)) + c for c in contexts], device=dev)
-    keep = torch.tensor([[0]*(n - len(c)) + [1]*len(c) for c in contexts], device=dev)
-    s['keep'].zero_(); s['keep'][:, :n] = keep; _set_length(s['cache'], 0)
-    causal = torch.ones(n, s['L'], dtype=torch.bool, device=dev).tril()
+    ids, keep, n = _left_pad(contexts, self.pad_id, self.device)
+    s['keep'].zero_()
+    s['keep'][:, :n] = keep
+    _set_length(s['cache'], 0)
+    causal = torch.ones(n, s['L'], dtype=torch.bool, device=self.device).tril()
     mask = additive_mask(s['keep'][:, None, :].bool() & causal[None], self.model.dtype)
     pos = (keep.cumsum(-1) - 1).clamp(min=0)
-    logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=s['cache'], use_cache=True, logits_to_keep=1).logits[:, -1]
-    _set_length(s['cache'], n); s['pos'].copy_(pos[:, -1:]); return logits, n
+    out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=s['cache'], use_cache=True,
+                     logits_to_keep=1)
+    _set_length(s['cache'], n)
+    s['pos'].copy_(pos[:, -1:])
+    return out.logits[:, -1], n
 
 # %% ../nbs/03b_generate.ipynb #20435035
 @patch
 def _capture(self:StaticDecoder, s:dict, n:int):
     import torch
-    stream = torch.cuda.Stream(); stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2): self._step(s); _set_length(s['cache'], n)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up steps on a side stream, as CUDA graph capture wants
+        for _ in range(2):
+            self._step(s)
+            _set_length(s['cache'], n)
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g): s['out'] = self._step(s)
-    _set_length(s['cache'], n); s['graph'] = g
+    _set_length(s['cache'], n)
+    s['graph'] = g
 
 # %% ../nbs/03b_generate.ipynb #e3f6a299
 @patch
@@ -165,12 +200,20 @@ def __call__(self:StaticDecoder, contexts:list[list[int]]) -> list[list[int]]:
         toks, lps, done = [], [], torch.zeros(b, dtype=torch.bool, device=self.device)
         for t in range(self.max_new_tokens):
             tok, lp = sample_next(logits, self.temperature, self.top_p, self.gen)
-            toks.append(tok); lps.append(lp); done |= tok == self.end_id
+            toks.append(tok)
+            lps.append(lp)
+            done |= tok == self.end_id
             if t == self.max_new_tokens - 1 or (t % 16 == 15 and bool(done.all())): break
-            s['tok'][:, 0] = tok; s['pos'] += 1; s['keep'][:, n + t] = 1
-            if self.graph: s['graph'].replay(); logits = s['out']
+            s['tok'][:, 0] = tok
+            s['pos'] += 1
+            s['keep'][:, n + t] = 1
+            if self.graph:
+                s['graph'].replay()
+                logits = s['out']
             else: logits = self._step(s)
     out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
-    res = [_cut(o, self.end_id) for o in out]; self.last_logprobs = [l[:len(r)] for l, r in zip(lp, res)]
-    self.generated += sum(map(len, res)); self.gen_seconds += time.time() - t0
+    res = [_cut(o, self.end_id) for o in out]
+    self.last_logprobs = [l[:len(r)] for l, r in zip(lp, res)]
+    self.generated += sum(map(len, res))
+    self.gen_seconds += time.time() - t0
     return res

@@ -4,20 +4,20 @@
 
 # %% ../nbs/06_grpo.ipynb #935ba4e7
 from __future__ import annotations
-import errno, hashlib, json, logging, math, random, re, shutil, time, warnings
+import errno, json, logging, math, random, shutil, time, warnings
 from collections import defaultdict
-from dataclasses import dataclass, asdict, field
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
 from .records import write_atomic, append_record
-from .episode import run_lockstep, hermes_text, TokenEpisode, Episode, ChatRenderer
+from .episode import run_lockstep, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
 
 # %% auto #0
-__all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'played',
-           'ScriptedTokens', 'episode_valid', 'page_key', 'page_keys', 'episode_info', 'rollout_output', 'reward_v3',
-           'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
-           'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
+__all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'register_credit',
+           'known_credit', 'credit_advantages', 'episode_info', 'rollout_output', 'reward_v3', 'flat_groups',
+           'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout', 'step_figures',
+           'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
            'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
            'load_policy_model', 'shop_grpo_trainer', 'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary',
            'median', 'time_share', 'metrics_chart', 'time_chart']
@@ -31,7 +31,7 @@ def grpo_dataset(tasks):
 # %% ../nbs/06_grpo.ipynb #ee53f1fb
 @dataclass
 class GRPORecipe:
-    "The online GRPO recipe; defaults are the GPU reference run's."
+    "The GRPO recipe of both back ends (this engine and veRL's, 06a_verl); defaults are the GPU reference run's."
     group_size:int = 4                   # episodes per task (TRL's num_generations)
     groups:int = 8                       # tasks per step
     micro_batch:int = 4                  # episodes per forward/backward pass
@@ -52,101 +52,85 @@ class GRPORecipe:
     max_turns:int = 35                   # the shop's step limit
     max_new_tokens:int = 128             # per turn
     max_context:int = 8192               # tokens; an episode that would outgrow it ends as context_overflow
-    lockstep_batch:int = 48              # episodes decoded together at most: a step's groups and extra groups (a prefill of many 8k contexts runs out of GPU memory)
-    extra_groups:int = 4                 # dynamic sampling: fresh groups played in the same lockstep pass, kept in place of groups without reward variance
-    resample_rounds:int = 0              # dynamic sampling, second-pass form: extra lockstep passes for kept groups still without reward variance
-    merged_decode:bool = False           # decode a plain copy of the model with the adapter merged in (refreshed before each rollout) instead of the LoRA model
+    # episodes decoded together at most: a step's groups and extra groups
+    # (a prefill of many 8k contexts runs out of GPU memory)
+    lockstep_batch:int = 48
+    # dynamic sampling: fresh groups played in the same lockstep pass, kept in place of groups without reward variance
+    extra_groups:int = 4
+    # dynamic sampling, second-pass form: extra lockstep passes for kept groups still without reward variance
+    resample_rounds:int = 0
+    # decode a plain copy of the model with the adapter merged in (refreshed before each rollout),
+    # not the LoRA model
+    merged_decode:bool = False
     val_every:int = 10                   # steps between validations (and checkpoints)
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
-    decoder:str = 'generate'             # 'generate' (TransformersPolicy) or 'static' (StaticDecoder, CUDA graphs on GPU)
-    batch_multiple:int = 16              # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
+    # 'generate' (TransformersPolicy) or 'static' (StaticDecoder, CUDA graphs on GPU)
+    decoder:str = 'generate'
+    # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
+    batch_multiple:int = 16
     gradient_checkpointing:bool = False
-    credit:str = 'episode'               # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
+    # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
+    credit:str = 'episode'
     seed:int = 0
     @property
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
 
-PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24, extra_groups=1, merged_decode=True,
+PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24,
+                           extra_groups=1, merged_decode=True,
                            val_every=1, n_val=2),
                 gpu=dict(decoder='static', merged_decode=True))
-
-CREDITS = ('episode', 'spa', 'steps')  # the credit variants
 
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
     "The recipe of `profile`, with `overrides` (None values are ignored)."
     r = GRPORecipe(**{**PROFILES[profile], **{k: v for k, v in overrides.items() if v is not None}})
-    if r.credit not in CREDITS: raise ValueError(f"unknown credit {r.credit!r}; known: {', '.join(CREDITS)}")
-    if (r.group_size * r.groups) % r.micro_batch: raise ValueError(f"micro_batch {r.micro_batch} must divide the {r.group_size * r.groups} episodes of a step")
+    known_credit(r.credit)
+    if (r.group_size * r.groups) % r.micro_batch:
+        raise ValueError(f"micro_batch {r.micro_batch} must divide the {r.group_size * r.groups} episodes of a step")
     return r
 
-# %% ../nbs/06_grpo.ipynb #6698d8e5
-def played(shop, task, policy, renderer:ChatRenderer, lang:str='en', max_turns:int=35, **token_kw) -> TokenEpisode:
-    "A TokenEpisode of `task` driven by a message policy's replies, tokenised as generations (`token_kw`: max_context, max_new_tokens)."
-    from shopping_grpo.sft import generated_text
-    te = TokenEpisode(Episode(shop.env(max_turns), task, lang, max_turns), renderer, **token_kw); policy.reset(task)
-    while not te.done:
-        msg = policy.reply(te.ep); msg = msg if isinstance(msg, dict) else dict(role='assistant', content=msg)
-        te.feed(renderer.ids(generated_text(msg)) + [renderer.end_id])
-    return te
+# %% ../nbs/06_grpo.ipynb #2f82e358
+# credit variant -> factory of its advantage_fn (None: GRPO's group advantages as TRL computes them)
+CREDITS = {'episode': None}
 
-class ScriptedTokens:
-    "A token policy replaying shoppers' episodes: each new episode follows the next shopper in turn."
-    def __init__(self, shop, renderer:ChatRenderer, tasks, policies, lang:str='en', recipe:GRPORecipe|None=None):
-        c = recipe or GRPORecipe(); self.scripts = defaultdict(list)  # prompt ids -> [(full ids, turns)] per policy
-        for t in tasks:
-            for p in policies:
-                te = played(shop, t, p, renderer, lang, c.max_turns, max_context=c.max_context, max_new_tokens=c.max_new_tokens)
-                self.scripts[tuple(te.prompt_ids)].append((te.prompt_ids + te.response_ids, [te.response_ids[a:b] for a, b in te.turns]))
-        self.end_id, self.k, self.generated, self.gen_seconds, self.temperature = renderer.end_id, 0, 0, 0.0, 1.0
+def register_credit(name:str):
+    "A decorator registering `factory` as credit variant `name`; called with settings, it gives an `advantage_fn`."
+    def register(factory):
+        CREDITS[name] = factory
+        return factory
+    return register
 
-# %% ../nbs/06_grpo.ipynb #aae303af
-@patch
-def __call__(self:ScriptedTokens, contexts:list[list[int]]) -> list[list[int]]:
-    "Each context's next turn from the script it follows."
-    out = []
-    for c in contexts:
-        p = next(p for p in self.scripts if tuple(c[:len(p)]) == p)
-        runs = [r for r in self.scripts[p] if r[0][:len(c)] == c]
-        if len(c) == len(p): runs = [runs[self.k % len(runs)]]; self.k += 1
-        out.append(runs[0][1][c[len(p):].count(self.end_id) // 2])
-    self.generated += sum(map(len, out)); return out
+def known_credit(credit:str) -> str:
+    "`credit` when it is a registered variant; else a clear error naming the known ones."
+    if credit not in CREDITS:
+        raise ValueError(f"unknown credit {credit!r}; known: {', '.join(CREDITS)} (the step-credit variants "
+                         "register when shopping_grpo.step_credit is imported: import it before starting the run)")
+    return credit
 
-# %% ../nbs/06_grpo.ipynb #89f27755
-def episode_valid(rec:dict) -> bool:
-    "Whether Reward v3 scored the episode (not an infrastructure end, not an unverifiable gate)."
-    return not rec['infrastructure_invalid'] and bool(rec['reward_detail'].get('reward_valid', True))
-
-# %% ../nbs/06_grpo.ipynb #43a06b87
-_STEP = re.compile(r' step \d+/\d+')
-
-def page_key(text:str) -> str:
-    "A short hash of a page's text without its step counter."
-    return hashlib.sha1(_STEP.sub('', text, count=1).encode()).hexdigest()[:12]
-
-def page_keys(rec:dict) -> list[str]:
-    "For each assistant turn of a record, the key of the page it answered."
-    msgs = rec['messages']; page, keys = msgs[1]['content'][len(rec['instruction']) + 2:], []
-    for m in msgs[2:]:
-        if m['role'] == 'assistant': keys.append(page_key(page))
-        elif not m['content'].startswith('Tool error:'): page = m['content']
-    return keys
+def credit_advantages(credit:str, **kw):
+    "The engine's `advantage_fn` for a credit variant: None for 'episode' (GRPO as TRL computes it)."
+    factory = CREDITS[known_credit(credit)]
+    return factory(**kw) if factory else None
 
 # %% ../nbs/06_grpo.ipynb #afdfe823
 def episode_info(rec:dict) -> dict:
     "What later stages need of an episode besides its ids: outcome, per-turn spans and page keys."
-    return dict(task_id=rec['task_id'], valid=episode_valid(rec), reward=rec['reward'], strict_success=rec['strict_success'],
-                termination_reason=rec['termination_reason'], n_turns=rec['n_turns'], turn_spans=[list(s) for s in rec['turn_spans']],
+    return dict(task_id=rec['task_id'], valid=episode_valid(rec), reward=rec['reward'],
+                strict_success=rec['strict_success'],
+                termination_reason=rec['termination_reason'], n_turns=rec['n_turns'],
+                turn_spans=[list(s) for s in rec['turn_spans']],
                 page_keys=page_keys(rec), guard_rejections=rec['flags'].get('guard_rejection', 0))
 
 def rollout_output(recs:list[dict], end_id:int) -> dict:
     "TRL's rollout dict for trajectory records (in group order)."
     ok = [episode_valid(r) for r in recs]
-    comp = [r['response_ids'] or [end_id] for r in recs]  # an episode that ended before its first turn: one untrained token
+    # an episode that ended before its first turn: one untrained token
+    comp = [r['response_ids'] or [end_id] for r in recs]
     mask = [r['response_mask'] if v and r['response_ids'] else [0]*len(c) for r, v, c in zip(recs, ok, comp)]
     lps = [r.get('logprobs') or None for r in recs]
     return dict(prompt_ids=[r['prompt_ids'] for r in recs], completion_ids=comp, env_mask=mask,
                 logprobs=[l or [0.0]*len(c) for l, c in zip(lps, comp)] if all(lps) else None,
-                shop_reward=[r['reward'] if v else None for r, v in zip(recs, ok)], episode=[episode_info(r) for r in recs])
+                shop_reward=[r['reward'] if v else None for r,
+                             v in zip(recs, ok)], episode=[episode_info(r) for r in recs])
 
 # %% ../nbs/06_grpo.ipynb #63003ed6
 def reward_v3(completions, shop_reward, **kw) -> list[float|None]:
@@ -164,7 +148,7 @@ def flat_groups(recs:list[dict], group_size:int) -> list[int]:
 
 # %% ../nbs/06_grpo.ipynb #cf3e0f21
 def kept_groups(n_played:int, flat:list[int], n:int) -> list[int]:
-    "Indices of the `n` groups to train on, in play order: the first that vary, then the first flat ones if too few vary."
+    "Indices of the `n` groups to train on, in play order: the first that vary, then the first flat ones if too few do."
     varied = [g for g in range(n_played) if g not in flat]
     return sorted(varied[:n] + flat[:max(0, n - len(varied))])
 
@@ -173,7 +157,8 @@ def make_policy(model, tokenizer, recipe:GRPORecipe):
     "The token policy that samples from `model`: `StaticDecoder` or `TransformersPolicy`, per the recipe."
     from shopping_grpo.generate import TransformersPolicy, StaticDecoder
     dev = str(next(model.parameters()).device)
-    kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p, max_new_tokens=recipe.max_new_tokens, device=dev)
+    kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p,
+              max_new_tokens=recipe.max_new_tokens, device=dev)
     if recipe.decoder == 'static': return PaddedBatch(StaticDecoder(seed=recipe.seed, **kw), recipe.batch_multiple)
     return TransformersPolicy(**kw)
 
@@ -186,18 +171,21 @@ class PaddedBatch:
         if k == 'temperature': setattr(self.policy, k, v)
         else: object.__setattr__(self, k, v)
     def __call__(self, contexts:list[list[int]]) -> list[list[int]]:
-        n = len(contexts); pad = -n % self.multiple
+        n = len(contexts)
+        pad = -n % self.multiple
         out = self.policy(contexts + [contexts[-1]] * pad)[:n]
-        self.last_logprobs = (getattr(self.policy, 'last_logprobs', None) or [None] * n)[:n]; return out
+        self.last_logprobs = (getattr(self.policy, 'last_logprobs', None) or [None] * n)[:n]
+        return out
 
 # %% ../nbs/06_grpo.ipynb #fd24f46e
 def decoder_gap(model, policy, contexts:list[list[int]]) -> float:
-    "Largest gap between the log-probabilities a greedy `policy` reports for its tokens and `model`'s own forward pass over them."
+    "Largest gap between the log-probabilities a greedy `policy` reports for its tokens and `model`'s forward pass."
     import torch
     dev, gap = next(model.parameters()).device, 0.0
     outs = policy(contexts)
     for c, o, lp in zip(contexts, outs, policy.last_logprobs):
-        with torch.no_grad(): logits = model(input_ids=torch.tensor([c + o], device=dev)).logits[0, len(c) - 1:-1].float()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([c + o], device=dev)).logits[0, len(c) - 1:-1].float()
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(o, device=dev)[:, None])[:, 0]
         gap = max(gap, (ref.cpu() - torch.tensor(lp)).abs().max().item())
     return gap
@@ -209,34 +197,43 @@ class MergedCopy:
         import copy, torch
         from transformers import AutoModelForCausalLM
         from peft.tuners.lora import LoraLayer
-        if not hasattr(lora_model, 'get_base_model'): raise TypeError(f'merged decoding needs a peft (LoRA) model, not {type(lora_model).__name__}')
-        base = lora_model.get_base_model(); p = base.get_input_embeddings().weight  # the start model's dtype and device (LoRA weights may be fp32)
+        if not hasattr(lora_model, 'get_base_model'):
+            raise TypeError(f'merged decoding needs a peft (LoRA) model, not {type(lora_model).__name__}')
+        base = lora_model.get_base_model()
+        p = base.get_input_embeddings().weight  # the start model's dtype and device (LoRA weights may be fp32)
         with torch.device(p.device): self.model = AutoModelForCausalLM.from_config(base.config, dtype=p.dtype)
-        self.model.load_state_dict({k.replace('.base_layer', ''): v for k, v in base.state_dict().items() if '.lora_' not in k})
-        self.model.generation_config = copy.deepcopy(base.generation_config); self.model.eval().requires_grad_(False)
+        self.model.load_state_dict({k.replace('.base_layer', ''): v for k, v in base.state_dict().items()
+                                    if '.lora_' not in k})
+        self.model.generation_config = copy.deepcopy(base.generation_config)
+        self.model.eval().requires_grad_(False)
         mods = dict(self.model.named_modules())
-        self.layers = [(m, mods[n].weight) for n, m in base.named_modules() if isinstance(m, LoraLayer)]  # (LoRA layer, the copy's weight)
+        # (LoRA layer, the copy's weight)
+        self.layers = [(m, mods[n].weight) for n, m in base.named_modules() if isinstance(m, LoraLayer)]
         self.syncs = 0
 
 # %% ../nbs/06_grpo.ipynb #3b83aa3f
 @patch
 def sync(self:MergedCopy):
-    "Write W + scaling * B @ A of every LoRA layer into the copy's weight, in place (the tensors, and graphs reading them, stay)."
+    "Write W + scaling * B @ A of every LoRA layer into the copy's weight, in place (tensors and graphs stay)."
     import torch
     with torch.no_grad():
         for lora, w in self.layers:
             acc = torch.promote_types(w.dtype, torch.float32)  # bf16 weights: summed in fp32, rounded once
-            w.copy_(lora.get_base_layer().weight.to(acc) + sum(lora.get_delta_weight(a).to(acc) for a in lora.active_adapters))
-    self.syncs += 1; return self
+            w.copy_(lora.get_base_layer().weight.to(acc) + sum(lora.get_delta_weight(a).to(acc)
+                                                               for a in lora.active_adapters))
+    self.syncs += 1
+    return self
 
 # %% ../nbs/06_grpo.ipynb #03f4339e
 class ShopRollout:
-    "TRL's `rollout_func`: a step's groups and extra ones played by the lockstep runner with the model being trained; the first that vary are kept."
-    def __init__(self, shop, renderer:ChatRenderer, recipe:GRPORecipe, train_tasks, lang:str='en', policy_factory=make_policy):
-        self.shop, self.r, self.cfg, self.pool, self.lang, self.policy_factory = shop, renderer, recipe, list(train_tasks), lang, policy_factory
+    "TRL's `rollout_func`: a step's groups and extra ones played in lockstep by the trained model; varied ones kept."
+    def __init__(self, shop, renderer:ChatRenderer, recipe:GRPORecipe, train_tasks, lang:str='en',
+                 policy_factory=make_policy):
+        self.shop, self.r, self.cfg, self.pool, self.lang = shop, renderer, recipe, list(train_tasks), lang
+        self.policy_factory = policy_factory
         self.policy, self.merged, self.stats, self.episodes = None, None, {}, []
     def policy_for(self, model):
-        "The token policy for `model`, made once (a static decoder keeps its captured graphs); a merged copy is synced to `model` first."
+        "The token policy for `model`, made once (a static decoder keeps its graphs); a merged copy synced first."
         if self.policy is None:
             self.merged = MergedCopy(model) if self.cfg.merged_decode else None
             self.policy = self.policy_factory(self.merged.model if self.merged else model, self.r.tok, self.cfg)
@@ -246,14 +243,20 @@ class ShopRollout:
 # %% ../nbs/06_grpo.ipynb #eb17b14a
 @patch
 def play(self:ShopRollout, tasks:list, model, timing:dict) -> list[dict]:
-    "Records of `tasks` (in order), played by the lockstep runner; its seconds and decoder counts are added to `timing`."
+    "Records of `tasks` (in order), played by the lockstep runner; its seconds and decoder counts added to `timing`."
     pol, t0, n = self.policy_for(model), time.time(), dict(gen_s=0.0, decoder_calls=0, decode_steps=0)
     def timed(contexts):
-        t = time.time(); out = pol(contexts); n['gen_s'] += time.time() - t
-        n['decoder_calls'] += 1; n['decode_steps'] += max(map(len, out), default=0)
-        timed.last_logprobs = getattr(pol, 'last_logprobs', None); return out
-    c = self.cfg; by = defaultdict(list)
-    for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch), lang=self.lang, max_turns=c.max_turns,
+        t = time.time()
+        out = pol(contexts)
+        n['gen_s'] += time.time() - t
+        n['decoder_calls'] += 1
+        n['decode_steps'] += max(map(len, out), default=0)
+        timed.last_logprobs = getattr(pol, 'last_logprobs', None)
+        return out
+    c = self.cfg
+    by = defaultdict(list)
+    for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch),
+                          lang=self.lang, max_turns=c.max_turns,
                           max_context=c.max_context, max_new_tokens=c.max_new_tokens): by[r['task_id']].append(r)
     n['env_s'] = time.time() - t0 - n['gen_s']
     for k, v in n.items(): timing[k] = timing.get(k, 0) + v
@@ -264,23 +267,30 @@ def play(self:ShopRollout, tasks:list, model, timing:dict) -> list[dict]:
 def fresh(self:ShopRollout, rng:random.Random, used:set, k:int) -> list:
     "Up to `k` training tasks not in `used`, drawn with `rng`; `used` takes them in."
     new = rng.sample(cands := [t for t in self.pool if t.task_id not in used], min(k, len(cands)))
-    used |= {t.task_id for t in new}; return new
+    used |= {t.task_id for t in new}
+    return new
 
 # %% ../nbs/06_grpo.ipynb #4289a355
 @patch
 def sample(self:ShopRollout, task_ids:list[str], model, step:int) -> tuple[list[dict], dict]:
-    "A step's episodes in group order: its groups and `extra_groups` fresh ones in one pass, `groups` kept; flat kept ones replayed for `resample_rounds` passes."
+    "A step's episodes in group order: its groups and `extra_groups` fresh ones in one pass, `groups` of them kept."
+    # kept groups still flat are replayed with fresh tasks for up to `resample_rounds` more passes
     c, G, timing, rng = self.cfg, self.cfg.group_size, {}, random.Random(f'{self.cfg.seed}:{step}')
-    tasks = [self.shop.by_id[t] for t in task_ids[::G]]; n, used = len(tasks), {t.task_id for t in tasks}
+    tasks = [self.shop.by_id[t] for t in task_ids[::G]]
+    n, used = len(tasks), {t.task_id for t in tasks}
     tasks += self.fresh(rng, used, c.extra_groups)
-    recs = self.play([t for t in tasks for _ in range(G)], model, timing); first = flat_groups(recs, G)
+    recs = self.play([t for t in tasks for _ in range(G)], model, timing)
+    first = flat_groups(recs, G)
     recs = [r for g in kept_groups(len(tasks), first, n) for r in recs[g * G:(g + 1) * G]]
     flat, rounds, played = flat_groups(recs, G), 0, len(tasks) * G
     while flat and rounds < c.resample_rounds and (new_tasks := self.fresh(rng, used, len(flat))):
-        rounds += 1; new = self.play([t for t in new_tasks for _ in range(G)], model, timing); played += len(new)
+        rounds += 1
+        new = self.play([t for t in new_tasks for _ in range(G)], model, timing)
+        played += len(new)
         for k, g in enumerate(flat[:len(new_tasks)]): recs[g * G:(g + 1) * G] = new[k * G:(k + 1) * G]
         flat = flat_groups(recs, G)
-    return recs, dict(timing, zero_var_share=len(first) / len(tasks), zero_var_share_final=len(flat) / n, resample_rounds=rounds,
+    return recs, dict(timing, zero_var_share=len(first) / len(tasks), zero_var_share_final=len(flat) / n,
+                      resample_rounds=rounds,
                       groups_played=played // G, episodes_played=played)
 
 # %% ../nbs/06_grpo.ipynb #4ac7ab71
@@ -289,17 +299,22 @@ def __call__(self:ShopRollout, prompts:list[str], trainer) -> dict:
     "TRL's rollout_func: play the groups of `prompts` (task ids, each repeated group_size times)."
     step, model = trainer.state.global_step + 1, trainer.model
     G = self.cfg.group_size
-    if any(len(set(prompts[i:i + G])) != 1 for i in range(0, len(prompts), G)): raise ValueError('prompts do not come in groups of group_size copies')
-    was, t0 = model.training, time.time(); model.eval()
+    if any(len(set(prompts[i:i + G])) != 1 for i in range(0, len(prompts), G)):
+        raise ValueError('prompts do not come in groups of group_size copies')
+    was, t0 = model.training, time.time()
+    model.eval()
     try: recs, st = self.sample(list(prompts), model, step)
     finally: model.train(was)
-    self.stats[step] = dict(st, rollout_s=time.time() - t0, credit=self.cfg.credit, **step_figures(recs)); self.episodes = recs
+    self.stats[step] = dict(st, rollout_s=time.time() - t0, credit=self.cfg.credit, **step_figures(recs))
+    self.episodes = recs
     return rollout_output(recs, self.r.end_id)
 
 # %% ../nbs/06_grpo.ipynb #f4560215
 def step_figures(recs:list[dict]) -> dict:
     "Reward, success and behaviour figures of a step's episodes (rates over the valid ones)."
-    ok = [r for r in recs if episode_valid(r)]; n = max(1, len(ok)); rw = [r['reward'] for r in ok]
+    ok = [r for r in recs if episode_valid(r)]
+    n = max(1, len(ok))
+    rw = [r['reward'] for r in ok]
     mean = sum(rw) / n
     return dict(episodes=len(recs), invalid=len(recs) - len(ok), reward_mean=mean if ok else None,
                 reward_std=math.sqrt(sum((x - mean)**2 for x in rw) / n) if ok else None,
@@ -331,7 +346,9 @@ def _durable(path, rec:dict):
     try:
         with open(path, 'a', encoding='utf-8') as f: append_record(f, rec)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT): raise DiskFull(f'no space left writing {path}: free space and rerun; the run resumes from its last complete checkpoint') from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f'no space left writing {path}: free space and rerun; '
+                           'the run resumes from its last complete checkpoint') from e
         raise
 
 def _clean(x):
@@ -342,7 +359,13 @@ def _clean(x):
 @dataclass
 class GRPORun:
     "What the monitor needs: the run's folder, recipe, validation tasks and shop."
-    out_dir: Path; recipe: GRPORecipe; val_tasks: list; shop: object; renderer: ChatRenderer; rollout: ShopRollout; lang: str = 'en'
+    out_dir: Path
+    recipe: GRPORecipe
+    val_tasks: list
+    shop: object
+    renderer: ChatRenderer
+    rollout: ShopRollout
+    lang: str = 'en'
     @property
     def metrics(self) -> Path: return self.out_dir/'metrics.jsonl'
 
@@ -350,18 +373,31 @@ class GRPORun:
 def validate(run:GRPORun, model, step:int) -> dict:
     "Greedy episodes of the validation tasks with `model`; the record written to metrics.jsonl."
     c, out, t0, gap = run.recipe, run.out_dir/'val'/f'step-{step}', time.time(), None
-    pol = run.rollout.policy_for(model); was, temp = model.training, pol.temperature
-    model.eval(); pol.temperature = 0.0
+    pol = run.rollout.policy_for(model)
+    was, temp = model.training, pol.temperature
+    model.eval()
+    pol.temperature = 0.0
     try:
-        s = evaluate(run.shop, run.val_tasks, pol, out, renderer=run.renderer, lang=run.lang, max_turns=c.max_turns, batch_size=c.lockstep_batch,
-                     config=dict(step=step, temperature=0.0), progress=False, max_context=c.max_context, max_new_tokens=c.max_new_tokens)
-        if c.decoder == 'static':  # the captured graphs read the adapter weights in place: check them on the trained weights
-            gap = decoder_gap(model, pol, [TokenEpisode(Episode(run.shop.env(), t, run.lang), run.renderer).prompt_ids for t in run.val_tasks[:8]])
-    finally: model.train(was); pol.temperature = temp
+        s = evaluate(run.shop, run.val_tasks, pol, out, renderer=run.renderer, lang=run.lang, max_turns=c.max_turns,
+                     batch_size=c.lockstep_batch,
+                     config=dict(step=step,
+                                 temperature=0.0), progress=False, max_context=c.max_context,
+                     max_new_tokens=c.max_new_tokens)
+        # the captured graphs read the adapter weights in place: check them on the trained weights
+        if c.decoder == 'static':
+            gap = decoder_gap(model, pol,
+                              [TokenEpisode(Episode(run.shop.env(), t, run.lang), run.renderer).prompt_ids
+                               for t in run.val_tasks[:8]])
+    finally:
+        model.train(was)
+        pol.temperature = temp
     model.save_pretrained(str(out/'adapter'))
-    rec = dict(kind='val', step=step, mean_reward=s['mean_reward'], strict_success=s['strict_success'], purchase_success=s['purchase_success'],
-               n_tasks=s['n_tasks'], infrastructure_invalid=s['infrastructure_invalid'], decoder_gap=gap, seconds=round(time.time() - t0, 2))
-    _durable(run.metrics, rec); return rec
+    rec = dict(kind='val', step=step, mean_reward=s['mean_reward'], strict_success=s['strict_success'],
+               purchase_success=s['purchase_success'],
+               n_tasks=s['n_tasks'], infrastructure_invalid=s['infrastructure_invalid'], decoder_gap=gap,
+               seconds=round(time.time() - t0, 2))
+    _durable(run.metrics, rec)
+    return rec
 
 # %% ../nbs/06_grpo.ipynb #3ea00d5b
 def grpo_monitor(run:GRPORun):
@@ -375,30 +411,45 @@ def grpo_monitor(run:GRPORun):
             self.t0, self.skipped = time.time(), None
             if cuda: torch.cuda.reset_peak_memory_stats()
         def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-            self.skipped = grad_state(model); self.nan_in_row = self.nan_in_row + 1 if self.skipped == 'nan' else 0
+            self.skipped = grad_state(model)
+            self.nan_in_row = self.nan_in_row + 1 if self.skipped == 'nan' else 0
             if self.skipped: drop_grads(model)
-            if self.nan_in_row >= 3: raise FloatingPointError(f'{self.nan_in_row} steps in a row with a NaN loss or gradient (last: step {state.global_step + 1}): lower the learning rate or check the data')
+            if self.nan_in_row >= 3:
+                raise FloatingPointError(f'{self.nan_in_row} steps in a row with a NaN loss or gradient '
+                                         f'(last: step {state.global_step + 1}): '
+                                         'lower the learning rate or check the data')
         def on_step_end(self, args, state, control, model=None, **kw):
-            self.step_s = time.time() - self.t0; self.mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+            self.step_s = time.time() - self.t0
+            self.mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
             if state.global_step % run.recipe.val_every == 0 or state.global_step == state.max_steps:
-                validate(run, model, state.global_step); control.should_save = True
+                validate(run, model, state.global_step)
+                control.should_save = True
         def on_log(self, args, state, control, logs=None, **kw):
-            if 'loss' in (logs or {}): _durable(run.metrics, step_record(state.global_step, logs, run.rollout.stats.get(state.global_step, {}), self))
+            if 'loss' in (logs or {}):
+                _durable(run.metrics,
+                         step_record(state.global_step, logs, run.rollout.stats.get(state.global_step, {}), self))
     return GRPOMonitor()
 
 # %% ../nbs/06_grpo.ipynb #d58ebe25
 def step_record(step:int, logs:dict, st:dict, mon) -> dict:
     "The metrics.jsonl record of one training step."
     step_s, roll = mon.step_s, st.get('rollout_s', 0.0)
-    rec = dict(kind='train', step=step, loss=None if mon.skipped == 'nan' else logs.get('loss'), grad_norm=logs.get('grad_norm'), lr=logs.get('learning_rate'),
-               entropy=logs.get('entropy'), trl_reward=logs.get('reward'), trl_frac_reward_zero_std=logs.get('frac_reward_zero_std'), skipped=mon.skipped,
-               **{k: st.get(k) for k in ('reward_mean', 'reward_std', 'success_rate', 'zero_var_share', 'zero_var_share_final', 'resample_rounds',
-                                         'groups_played', 'episodes', 'episodes_played', 'invalid', 'mean_turns', 'mean_tokens', 'generated_tokens',
+    rec = dict(kind='train', step=step, loss=None if mon.skipped == 'nan' else logs.get('loss'),
+               grad_norm=logs.get('grad_norm'), lr=logs.get('learning_rate'),
+               entropy=logs.get('entropy'), trl_reward=logs.get('reward'),
+               trl_frac_reward_zero_std=logs.get('frac_reward_zero_std'), skipped=mon.skipped,
+               **{k: st.get(k)
+                  for k in ('reward_mean', 'reward_std', 'success_rate', 'zero_var_share', 'zero_var_share_final',
+                            'resample_rounds',
+                                         'groups_played', 'episodes', 'episodes_played', 'invalid', 'mean_turns',
+                                         'mean_tokens', 'generated_tokens',
                                          'guard_rejections', 'decoder_calls', 'decode_steps')},
                gen_s=st.get('gen_s'), env_s=st.get('env_s'), train_s=step_s - roll, rollout_s=roll, step_s=step_s,
                tokens_per_s=st['generated_tokens'] / st['gen_s'] if st.get('gen_s') else None,
-               episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem, time=round(time.time(), 2),
-               **{k: v for k, v in st.items() if k.startswith('credit')})  # the credit variant and its figures (06c_step_credit)
+               episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem,
+               time=round(time.time(), 2),
+               **{k: v for k, v in st.items()
+                  if k.startswith('credit')})  # the credit variant and its figures (06c_step_credit)
     return {k: _clean(float(f'{v:.6g}') if isinstance(v, float) and k != 'time' else v) for k, v in rec.items()}
 
 # %% ../nbs/06_grpo.ipynb #ae6e08b4
@@ -407,7 +458,9 @@ def _ckpt_step(p:Path) -> int: return int(p.name.split('-')[1])
 def last_checkpoint(out_dir) -> Path|None:
     "The newest complete Trainer checkpoint under `out_dir`; incomplete newer ones are removed."
     for ck in sorted(Path(out_dir).glob('checkpoint-*'), key=_ckpt_step, reverse=True):
-        try: json.loads((ck/'trainer_state.json').read_text()); return ck
+        try:
+            json.loads((ck/'trainer_state.json').read_text())
+            return ck
         except (OSError, ValueError): shutil.rmtree(ck)
     return None
 
@@ -423,7 +476,8 @@ def trim_after(out_dir, step:int):
 # %% ../nbs/06_grpo.ipynb #39be16d8
 def read_metrics(path) -> list[dict]:
     "The records of a metrics.jsonl."
-    return [json.loads(l) for l in Path(path).read_text('utf-8').splitlines() if l.strip()] if Path(path).exists() else []
+    if not Path(path).exists(): return []
+    return [json.loads(l) for l in Path(path).read_text('utf-8').splitlines() if l.strip()]
 
 def best_validation(records:list[dict]) -> dict:
     "The validation record with the highest mean reward (then strict success, then the earliest step)."
@@ -435,10 +489,13 @@ def best_validation(records:list[dict]) -> dict:
 def export_best(out_dir, start_model) -> dict:
     "Copy the best validated adapter to `adapter/` and merge it into the start model in `merged/`."
     from shopping_grpo.sft import merge_lora
-    out_dir = Path(out_dir); best = best_validation(read_metrics(out_dir/'metrics.jsonl'))
+    out_dir = Path(out_dir)
+    best = best_validation(read_metrics(out_dir/'metrics.jsonl'))
     src, dst = out_dir/'val'/f"step-{best['step']}"/'adapter', out_dir/'adapter'
-    shutil.rmtree(dst, ignore_errors=True); shutil.copytree(src, dst)
-    merge_lora(start_model, dst, out_dir/'merged'); return best
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    merge_lora(start_model, dst, out_dir/'merged')
+    return best
 
 # %% ../nbs/06_grpo.ipynb #195b6366
 def grpo_args(recipe:GRPORecipe, out_dir, progress:bool=False):
@@ -447,10 +504,13 @@ def grpo_args(recipe:GRPORecipe, out_dir, progress:bool=False):
     from trl import GRPOConfig
     c, cuda = recipe, torch.cuda.is_available()
     return GRPOConfig(output_dir=str(out_dir), num_generations=c.group_size, per_device_train_batch_size=c.micro_batch,
-        gradient_accumulation_steps=c.grad_accum, learning_rate=c.lr, lr_scheduler_type=c.schedule, warmup_steps=c.warmup,
-        max_steps=c.max_steps, beta=c.beta, loss_type=c.loss_type, scale_rewards=c.scale_rewards, temperature=c.temperature,
+        gradient_accumulation_steps=c.grad_accum, learning_rate=c.lr, lr_scheduler_type=c.schedule,
+        warmup_steps=c.warmup,
+        max_steps=c.max_steps, beta=c.beta, loss_type=c.loss_type, scale_rewards=c.scale_rewards,
+        temperature=c.temperature,
         top_p=c.top_p, max_grad_norm=c.max_grad_norm, logging_steps=1, save_strategy='steps',
-        save_steps=c.max_steps + 1, save_total_limit=2, bf16=cuda, use_cpu=not cuda, gradient_checkpointing=c.gradient_checkpointing,
+        save_steps=c.max_steps + 1, save_total_limit=2, bf16=cuda, use_cpu=not cuda,
+        gradient_checkpointing=c.gradient_checkpointing,
         seed=c.seed, data_seed=c.seed, report_to='none', disable_tqdm=not progress, dataloader_num_workers=0)
 
 # %% ../nbs/06_grpo.ipynb #e8a27bed
@@ -464,7 +524,7 @@ def load_policy_model(path:str):
 
 # %% ../nbs/06_grpo.ipynb #f7ddd5af
 def shop_grpo_trainer():
-    "TRL's GRPOTrainer with one hook: `advantage_fn(output, episodes)` may replace the group advantages (shape B or B×T)."
+    "TRL's GRPOTrainer with one hook: `advantage_fn(output, episodes)` may replace the advantages (shape B or B×T)."
     from trl import GRPOTrainer
     class ShopGRPOTrainer(GRPOTrainer):
         advantage_fn = None
@@ -476,39 +536,47 @@ def shop_grpo_trainer():
 
 # %% ../nbs/06_grpo.ipynb #a02e8a90
 def drop_none_reward_warning(record) -> bool:
-    "A logging filter: False for TRL's warning about an episode without a reward (counted as `invalid` in metrics.jsonl)."
+    "A logging filter: False for TRL's warning about an episode without a reward (`invalid` in metrics.jsonl)."
     return 'All reward functions returned None' not in str(record.msg)  # accelerate's logger may prefix the rank
 
 # %% ../nbs/06_grpo.ipynb #3be5ec47
-UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch', 'gradient_checkpointing')  # a resumed run may change these
+# a resumed run may change these
+UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
+            'gradient_checkpointing')
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
                callbacks=(), advantage_fn=None, progress:bool=False) -> dict:
-    "Train a LoRA adapter with GRPO in the shop; resumes from `out_dir`'s last complete checkpoint; exports the best; the summary."
+    "Train a LoRA adapter with GRPO in the shop, resuming from `out_dir`'s last complete checkpoint; the summary."
+    # the best validated adapter is exported (adapter/, merged/)
     import torch, transformers
     from transformers import AutoTokenizer
     from peft import LoraConfig
     from shopping_grpo.sft import pin_sft_run
     from shopping_grpo.model import materialize_model
     c = recipe if isinstance(recipe, GRPORecipe) else GRPORecipe(**(recipe or {}))
-    t0, out_dir, path = time.time(), Path(out_dir), str(materialize_model(model_path)); out_dir.mkdir(parents=True, exist_ok=True)
-    resume = last_checkpoint(out_dir); start = _ckpt_step(resume) if resume else 0
-    pin_sft_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}), resume is not None)
+    t0, out_dir, path = time.time(), Path(out_dir), str(materialize_model(model_path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resume = last_checkpoint(out_dir)
+    start = _ckpt_step(resume) if resume else 0
+    pin_sft_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}),
+                resume is not None)
     trim_after(out_dir, start)
     transformers.set_seed(c.seed)
-    tok = AutoTokenizer.from_pretrained(path); renderer = ChatRenderer(tok, None, lang)
+    tok = AutoTokenizer.from_pretrained(path)
+    renderer = ChatRenderer(tok, None, lang)
     rollout = ShopRollout(shop, renderer, c, shop.tasks['grpo_train'], lang, policy_factory)
     run = GRPORun(out_dir, c, shop.tasks['grpo_val'][:c.n_val], shop, renderer, rollout, lang)
-    lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout, target_modules=c.target_modules, task_type='CAUSAL_LM')
+    lora = LoraConfig(r=c.lora_r, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout, target_modules=c.target_modules,
+                      task_type='CAUSAL_LM')
     logging.getLogger('trl.trainer.grpo_trainer').addFilter(drop_none_reward_warning)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='.*rollout_func.*experimental')
-        trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_v3], args=grpo_args(c, out_dir, progress),
-            train_dataset=grpo_dataset(shop.tasks['grpo_train']), processing_class=tok, peft_config=lora, rollout_func=rollout,
-            callbacks=[grpo_monitor(run), *callbacks])
-    if advantage_fn is None and c.credit != 'episode':
-        from shopping_grpo.step_credit import credit_advantages
-        advantage_fn = credit_advantages(c.credit)
+        trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_v3],
+                                      args=grpo_args(c, out_dir, progress),
+                                      train_dataset=grpo_dataset(shop.tasks['grpo_train']), processing_class=tok,
+                                      peft_config=lora, rollout_func=rollout,
+                                      callbacks=[grpo_monitor(run), *callbacks])
+    if advantage_fn is None: advantage_fn = credit_advantages(c.credit)
     trainer.advantage_fn = advantage_fn
     if hasattr(advantage_fn, 'bind'): advantage_fn.bind(trainer)
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # metrics.jsonl has the step logs
@@ -517,7 +585,10 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         best = export_best(out_dir, path)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT): raise DiskFull(f'no space left on the device writing {e.filename or out_dir} at step {trainer.state.global_step}: free space and rerun; the run resumes from its last complete checkpoint') from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f'no space left on the device writing {e.filename or out_dir} at step '
+                           f'{trainer.state.global_step}: free space and rerun; '
+                           'the run resumes from its last complete checkpoint') from e
         raise
     return write_grpo_summary(out_dir, trainer, c, path, best, resume, time.time() - t0)
 
@@ -525,16 +596,21 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
 def write_grpo_summary(out_dir, trainer, recipe:GRPORecipe, start_model:str, best:dict, resume, seconds:float) -> dict:
     "Figures of the run, written as summary.json."
     import torch
-    recs = read_metrics(Path(out_dir)/'metrics.jsonl'); tr = [r for r in recs if r['kind'] == 'train']; vals = [r for r in recs if r['kind'] == 'val']
-    s = dict(start_model=start_model, final_step=trainer.state.global_step, resumed_from=str(resume) if resume else None, chosen_step=best['step'],
-             chosen=best, start=next((v for v in vals if v['step'] == 0), None), validation=vals,
+    recs = read_metrics(Path(out_dir)/'metrics.jsonl')
+    tr = [r for r in recs if r['kind'] == 'train']
+    vals = [r for r in recs if r['kind'] == 'val']
+    s = dict(start_model=start_model, final_step=trainer.state.global_step,
+             resumed_from=str(resume) if resume else None, chosen_step=best['step'], chosen=best,
+             start=next((v for v in vals if v['step'] == 0), None), validation=vals,
              skipped_steps={k: sum(r['skipped'] == k for r in tr) for k in ('nan', 'no_signal')},
              invalid_episodes=sum(r['invalid'] or 0 for r in tr), episodes=sum(r['episodes_played'] or 0 for r in tr),
-             **{f'median_{k}': median(tr[1:] or tr, k) for k in ('step_s', 'tokens_per_s', 'episodes_per_s', 'gpu_mem_gib')},
+             **{f'median_{k}': median(tr[1:] or tr, k)
+                for k in ('step_s', 'tokens_per_s', 'episodes_per_s', 'gpu_mem_gib')},
              time_share=time_share(tr), minutes=round(seconds / 60, 2), recipe=asdict(recipe),
              device=torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu',
              versions={p: __import__(p).__version__ for p in ('torch', 'transformers', 'peft', 'trl')})
-    write_atomic(Path(out_dir)/'summary.json', json.dumps(s, indent=1)); return s
+    write_atomic(Path(out_dir)/'summary.json', json.dumps(s, indent=1))
+    return s
 
 def median(records:list[dict], key:str):
     "The median of `key` over records that have it (the first step, with start-up costs, is left out by the caller)."
@@ -543,7 +619,8 @@ def median(records:list[dict], key:str):
 
 def time_share(train_records:list[dict]) -> dict:
     "Shares of the steps' wall time spent in generation, the environment and training."
-    tot = {k: sum(r.get(k) or 0.0 for r in train_records) for k in ('gen_s', 'env_s', 'train_s')}; n = sum(tot.values()) or 1.0
+    tot = {k: sum(r.get(k) or 0.0 for r in train_records) for k in ('gen_s', 'env_s', 'train_s')}
+    n = sum(tot.values()) or 1.0
     return {k[:-2]: round(v / n, 3) for k, v in tot.items()}
 
 # %% ../nbs/06_grpo.ipynb #36c29805
@@ -554,13 +631,19 @@ def metrics_chart(records:list[dict]):
     "An altair grid of the per-step metrics, with validation reward on the reward panel."
     import altair as alt, polars as pl
     tr = [r for r in records if r['kind'] == 'train']
-    long = pl.DataFrame([dict(step=r['step'], metric=k, value=float(r[k]), series='train') for r in tr for k in METRIC_PANELS if r.get(k) is not None] +
-                        [dict(step=r['step'], metric='reward_mean', value=float(r['mean_reward']), series='validation') for r in records if r['kind'] == 'val'])
-    return alt.Chart(long).mark_line(point=True).encode(x='step:Q', y=alt.Y('value:Q', title=None), color='series:N').properties(
-        width=180, height=110).facet(facet=alt.Facet('metric:N', sort=METRIC_PANELS, title=None), columns=3).resolve_scale(y='independent')
+    long = pl.DataFrame([dict(step=r['step'], metric=k, value=float(r[k]), series='train') for r in tr
+                         for k in METRIC_PANELS if r.get(k) is not None] +
+                        [dict(step=r['step'], metric='reward_mean', value=float(r['mean_reward']), series='validation')
+                         for r in records if r['kind'] == 'val'])
+    return alt.Chart(long).mark_line(point=True).encode(x='step:Q', y=alt.Y('value:Q', title=None),
+                                                        color='series:N').properties(
+        width=180, height=110).facet(facet=alt.Facet('metric:N', sort=METRIC_PANELS, title=None),
+                                     columns=3).resolve_scale(y='independent')
 
 def time_chart(records:list[dict]):
     "Per-step wall time split into generation, environment and training."
     import altair as alt, polars as pl
-    long = pl.DataFrame([dict(step=r['step'], part=k[:-2], seconds=float(r[k])) for r in records if r['kind'] == 'train' for k in ('gen_s', 'env_s', 'train_s') if r.get(k) is not None])
-    return alt.Chart(long).mark_bar().encode(x='step:O', y='seconds:Q', color='part:N').properties(width=400, height=160)
+    long = pl.DataFrame([dict(step=r['step'], part=k[:-2], seconds=float(r[k])) for r in records
+                         if r['kind'] == 'train' for k in ('gen_s', 'env_s', 'train_s') if r.get(k) is not None])
+    return alt.Chart(long).mark_bar().encode(x='step:O', y='seconds:Q',
+                                             color='part:N').properties(width=400, height=160)

@@ -17,13 +17,19 @@ __all__ = ['ShopperPolicy', 'ExpertPolicy', 'ContextOverflow', 'OpenAIChatPolicy
 # %% ../nbs/03c_policies.ipynb #376d4657
 class ShopperPolicy:
     "A text-action shopper of `02c_shoppers` as a tool-calling policy."
-    def __init__(self, shopper, as_tool_calls:bool=True): self.shopper, self.name, self.as_tool_calls = shopper, shopper.name, as_tool_calls
-    def reset(self, task:Task): self.shopper.reset(task); self.n = 0
-    def fork(self) -> 'ShopperPolicy': import copy; return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls)
+    def __init__(self, shopper, as_tool_calls:bool=True):
+        self.shopper, self.name, self.as_tool_calls = shopper, shopper.name, as_tool_calls
+    def reset(self, task:Task):
+        self.shopper.reset(task)
+        self.n = 0
+    def fork(self) -> 'ShopperPolicy':
+        import copy
+        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls)
     def reply(self, ep:Episode) -> dict:
         try: text = self.shopper.act(ep.state)
         except StopIteration: text = 'finish[no plan left]'
-        call = from_text_action(*parse_action(text)); self.n += 1
+        call = from_text_action(*parse_action(text))
+        self.n += 1
         if not self.as_tool_calls: return dict(role='assistant', content=text)
         return dict(role='assistant', content='', tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
@@ -38,15 +44,20 @@ class ContextOverflow(Exception):
 
 class OpenAIChatPolicy:
     "A message policy backed by an OpenAI-compatible chat endpoint."
-    def __init__(self, model:str|None=None, base_url:str|None=None, api_key_env:str='OPENAI_API_KEY', temperature:float=0.0,
-                 max_tokens:int=512, lang:str='en', max_retries:int=5, timeout:float=120.0, native_tools:bool=True, name:str|None=None):
+    def __init__(self, model:str|None=None, base_url:str|None=None, api_key_env:str='OPENAI_API_KEY',
+                 temperature:float=0.0, max_tokens:int=512, lang:str='en', max_retries:int=5, timeout:float=120.0,
+                 native_tools:bool=True, name:str|None=None):
         from openai import OpenAI
         self.model = model or os.environ.get('SHOPPING_GRPO_MODEL') or 'default'
         self.base_url = base_url or os.environ.get('OPENAI_BASE_URL') or 'http://127.0.0.1:8000/v1'
-        self.api_key_env, self.temperature, self.max_tokens, self.lang, self.native_tools = api_key_env, temperature, max_tokens, lang, native_tools
-        self.client = OpenAI(base_url=self.base_url, api_key=os.environ.get(api_key_env) or 'EMPTY', max_retries=max_retries, timeout=timeout)
-        self.name = name or self.model.split('/')[-1]; self.completion_tokens = 0  # generated tokens, as the endpoint reports them
-    def __repr__(self): return f"OpenAIChatPolicy(model={self.model!r}, base_url={self.base_url!r}, key from ${self.api_key_env})"
+        self.api_key_env, self.temperature, self.max_tokens = api_key_env, temperature, max_tokens
+        self.lang, self.native_tools = lang, native_tools
+        self.client = OpenAI(base_url=self.base_url, api_key=os.environ.get(api_key_env) or 'EMPTY',
+                             max_retries=max_retries, timeout=timeout)
+        self.name = name or self.model.split('/')[-1]
+        self.completion_tokens = 0  # generated tokens, as the endpoint reports them
+    def __repr__(self):
+        return f"OpenAIChatPolicy(model={self.model!r}, base_url={self.base_url!r}, key from ${self.api_key_env})"
     def reset(self, task:Task): pass
 
 # %% ../nbs/03c_policies.ipynb #c945ae53
@@ -55,11 +66,16 @@ def reply(self:OpenAIChatPolicy, ep) -> dict:
     "The endpoint's next assistant message for the episode so far."
     import openai
     kw = dict(tools=tool_schemas(self.lang)) if self.native_tools else {}
-    try: r = self.client.chat.completions.create(model=self.model, messages=ep.messages, temperature=self.temperature, max_tokens=self.max_tokens, **kw)
-    except openai.AuthenticationError as e: raise PermissionError(f"the endpoint {self.base_url} refused the key in ${self.api_key_env} ({e.status_code})") from None
+    try: r = self.client.chat.completions.create(model=self.model, messages=ep.messages, temperature=self.temperature,
+                                                 max_tokens=self.max_tokens, **kw)
+    except openai.AuthenticationError as e:
+        refused = f"the endpoint {self.base_url} refused the key in ${self.api_key_env} ({e.status_code})"
+        raise PermissionError(refused) from None
     except openai.BadRequestError as e:
         if 'context length' in str(e): raise ContextOverflow(str(e)[:200]) from None
         raise
-    m = r.choices[0].message; self.completion_tokens += getattr(r.usage, 'completion_tokens', 0) or 0
-    calls = [dict(id=c.id, type='function', function=dict(name=c.function.name, arguments=c.function.arguments)) for c in (m.tool_calls or [])]
+    m = r.choices[0].message
+    self.completion_tokens += getattr(r.usage, 'completion_tokens', 0) or 0
+    calls = [dict(id=c.id, type='function', function=dict(name=c.function.name, arguments=c.function.arguments))
+             for c in (m.tool_calls or [])]
     return dict(role='assistant', content=m.content or '', **({'tool_calls': calls} if calls else {}))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00a_records.ipynb #4b405d42
 from __future__ import annotations
-import hashlib, json, os, platform, re, time, warnings
+import gzip, hashlib, json, os, platform, re, time, warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -21,6 +21,11 @@ def sha256_file(path) -> str:
         for b in iter(lambda: f.read(1 << 20), b''): h.update(b)
     return h.hexdigest()
 
+def _sync(f):
+    "Flush the open file `f` to the disk."
+    f.flush()
+    os.fsync(f.fileno())
+
 def _sync_dir(folder):
     fd = os.open(folder, os.O_RDONLY)
     try: os.fsync(fd)
@@ -28,17 +33,20 @@ def _sync_dir(folder):
 
 def write_atomic(path, data:bytes|str):
     "Write `data` to `path` through a synced temporary file and a rename, so a crash never leaves half a file."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + '.tmp')
     with open(tmp, 'wb') as f:
         f.write(data.encode() if isinstance(data, str) else data)
-        f.flush(); os.fsync(f.fileno())
-    tmp.replace(path); _sync_dir(path.parent)
+        _sync(f)
+    tmp.replace(path)
+    _sync_dir(path.parent)
 
 # %% ../nbs/00a_records.ipynb #04e0c61a
 def append_record(f, rec:dict):
     "Append one record as a JSON line to the open text file `f` and make it durable."
-    f.write(json.dumps(rec, ensure_ascii=False) + '\n'); f.flush(); os.fsync(f.fileno())
+    f.write(json.dumps(rec, ensure_ascii=False) + '\n')
+    _sync(f)
 
 # %% ../nbs/00a_records.ipynb #e3176f94
 _TASK_ID = re.compile(r'"task_id":\s*"([^"]{1,80})"')
@@ -46,23 +54,32 @@ _TASK_ID = re.compile(r'"task_id":\s*"([^"]{1,80})"')
 @dataclass
 class BrokenLine:
     "A line of a JSONL file that is not a JSON object."
-    path: str; line: int; task_id: str|None; torn: bool  # torn: the unfinished last line; else corrupt
+    path: str
+    line: int
+    task_id: str|None
+    torn: bool  # the unfinished last line; else a corrupt line
     def __str__(self):
         what = 'torn last line (a write that did not finish)' if self.torn else 'corrupt line'
         return f"{self.path}:{self.line}: {what}, task {self.task_id or 'unknown'}"
 
-def read_jsonl(path, warn:bool=True) -> tuple[list[dict], list[BrokenLine]]:
-    "The JSON objects of a JSONL file in order, and the lines that are not, each skipped and reported."
+def read_jsonl(path, warn:bool=True,
+               numbered:bool=False,  # each object as a (line number, object) pair
+               ) -> tuple[list, list[BrokenLine]]:
+    "The JSON objects of a JSONL file (gzipped when it ends in `.gz`) in order, and the lines that are not, reported."
     path = Path(path)
     if not path.exists(): return [], []
-    data = path.read_bytes(); lines = data.split(b'\n'); recs, broken = [], []
+    data = gzip.decompress(path.read_bytes()) if path.suffix == '.gz' else path.read_bytes()
+    lines, recs, broken = data.split(b'\n'), [], []
     for i, raw in enumerate(lines, 1):
         if not raw.strip(): continue
         try: r = json.loads(raw)
         except ValueError: r = None
-        if isinstance(r, dict): recs.append(r); continue
-        tid = m.group(1) if (m := _TASK_ID.search(raw.decode('utf-8', 'replace'))) else None
-        broken.append(b := BrokenLine(str(path), i, tid, torn=i == len(lines) and not data.endswith(b'\n')))
+        if isinstance(r, dict):
+            recs.append((i, r) if numbered else r)
+            continue
+        m = _TASK_ID.search(raw.decode('utf-8', 'replace'))
+        b = BrokenLine(str(path), i, m.group(1) if m else None, torn=i == len(lines) and not data.endswith(b'\n'))
+        broken.append(b)
         if warn: warnings.warn(f"{b}: skipped")
     return recs, broken
 
@@ -78,15 +95,23 @@ def repair_tail(path) -> int:
     if not path.exists(): return 0
     data = path.read_bytes()
     if not data or data.endswith(b'\n'): return 0
-    keep = data.rfind(b'\n') + 1; tail = data[keep:]
+    keep = data.rfind(b'\n') + 1
+    tail = data[keep:]
     try: json.loads(tail)
     except ValueError: pass
     else:  # a complete record that only lacks its newline: end the line
-        with open(path, 'ab') as f: f.write(b'\n'); f.flush(); os.fsync(f.fileno())
+        with open(path, 'ab') as f:
+            f.write(b'\n')
+            _sync(f)
         return 0
-    with open(path.with_name(path.name + '.torn'), 'ab') as f: f.write(tail + b'\n'); f.flush(); os.fsync(f.fileno())
-    with open(path, 'r+b') as f: f.truncate(keep); f.flush(); os.fsync(f.fileno())
-    warnings.warn(f"{path}: cut a torn last line of {len(tail)} bytes (kept in {path.name}.torn); its task is played again")
+    with open(path.with_name(path.name + '.torn'), 'ab') as f:
+        f.write(tail + b'\n')
+        _sync(f)
+    with open(path, 'r+b') as f:
+        f.truncate(keep)
+        _sync(f)
+    warnings.warn(f"{path}: cut a torn last line of {len(tail)} bytes (kept in {path.name}.torn); "
+                  f"its task is played again")
     return len(tail)
 
 # %% ../nbs/00a_records.ipynb #98a1e91c
@@ -100,7 +125,7 @@ class Trajectory:
     n_turns: int; n_steps: int; n_invalid: int; flags: dict; tool_counts: dict
     termination_reason: str; infrastructure_invalid: bool
     reward: float; reward_detail: dict; strict_success: bool; purchase_success: bool; n_constraints: int
-    extra: dict = field(default_factory=dict)                     # token runners: ids, masks, spans, log-probabilities; seconds
+    extra: dict = field(default_factory=dict)  # token runners: ids, masks, spans, log-probabilities; seconds
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'extra'}
         return dict(version=TRAJECTORY_VERSION, **d, **self.extra)
@@ -108,10 +133,13 @@ class Trajectory:
     def from_dict(cls, d:dict, where:str='record') -> 'Trajectory':
         "The record `d`, checked: its version and its required fields."
         if not isinstance(d, dict) or d.get('version') != TRAJECTORY_VERSION:
-            raise ValueError(f"{where}: trajectory version {d.get('version') if isinstance(d, dict) else None!r}; this code reads version {TRAJECTORY_VERSION}")
+            got = d.get('version') if isinstance(d, dict) else None
+            raise ValueError(f"{where}: trajectory version {got!r}; this code reads version {TRAJECTORY_VERSION}")
         names = [f.name for f in fields(cls) if f.name != 'extra']
-        if miss := [n for n in names if n not in d]: raise ValueError(f"{where}: not a trajectory record (missing {', '.join(miss[:5])})")
-        return cls(**{n: d[n] for n in names}, extra={k: v for k, v in d.items() if k not in names and k != 'version'})
+        if miss := [n for n in names if n not in d]:
+            raise ValueError(f"{where}: not a trajectory record (missing {', '.join(miss[:5])})")
+        extra = {k: v for k, v in d.items() if k not in names and k != 'version'}
+        return cls(**{n: d[n] for n in names}, extra=extra)
 
 # %% ../nbs/00a_records.ipynb #0f6aab78
 def package_versions(names=('shopping_grpo', 'polars', 'tantivy', 'numpy', 'fastapi')) -> dict:
@@ -126,10 +154,12 @@ def package_versions(names=('shopping_grpo', 'polars', 'tantivy', 'numpy', 'fast
 # %% ../nbs/00a_records.ipynb #b5f7c261
 def code_sha256(modules=('env', 'tasks', 'reward', 'shop', 'tools', 'episode')) -> str:
     "SHA-256 over the names and source of the package modules (or module files) that shape a result."
-    h = hashlib.sha256(); here = Path(__file__).resolve().parent if '__file__' in globals() else Path('../shopping_grpo').resolve()
+    here = Path(__file__).resolve().parent if '__file__' in globals() else Path('../shopping_grpo').resolve()
+    h = hashlib.sha256()
     for m in modules:
         p = Path(m) if str(m).endswith('.py') else here/f'{m}.py'
-        h.update(p.name.encode()); h.update(p.read_bytes())
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 # %% ../nbs/00a_records.ipynb #67ce14f9
@@ -149,15 +179,24 @@ def benchmark_hash(lang:str='en') -> str|None:
     return json.loads(p.read_text()).get(f'benchmark_{lang}.jsonl') if p.exists() else None
 
 # %% ../nbs/00a_records.ipynb #efd12be3
-def pin_run(out_dir, fixed:dict, obsolete=('catalog_sha256', 'code_sha256')):
-    "Record what `out_dir`'s files depend on; refuse other settings, and move files made with an obsolete shop or code to `stale/`."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True); path = out_dir/'run.json'
-    old = json.loads(path.read_text('utf-8')) if path.exists() else fixed
+def _set_aside(out_dir:Path, diff:dict):
+    "Move the files of `out_dir` to a new folder under `stale/`."
+    import tempfile
+    (out_dir/'stale').mkdir(exist_ok=True)
+    stale = Path(tempfile.mkdtemp(prefix=time.strftime('%Y%m%d-%H%M%S-'), dir=out_dir/'stale'))
+    for f in [p for p in out_dir.iterdir() if p.is_file()]: f.rename(stale/f.name)
+    warnings.warn(f"{out_dir}: {', '.join(diff)} changed since its files were made; "
+                  f"they were moved to {stale} and the run starts afresh")
+
+def pin_run(out_dir, fixed:dict, obsolete=('catalog_sha256', 'code_sha256'),
+            fresh:bool=False):  # a run that starts over (nothing to resume): its earlier settings are not compared
+    "Record what `out_dir`'s files depend on; refuse other settings, and set aside files of an obsolete shop or code."
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir/'run.json'
+    old = json.loads(path.read_text('utf-8')) if path.exists() and not fresh else fixed
     diff = {k: (old.get(k), fixed.get(k)) for k in sorted(set(old) | set(fixed)) if old.get(k) != fixed.get(k)}
-    if set(diff) - set(obsolete): raise ValueError(f"{out_dir} holds results made with other settings {diff} (then, now): use another folder")
-    if diff:
-        import tempfile
-        (out_dir/'stale').mkdir(exist_ok=True); stale = Path(tempfile.mkdtemp(prefix=time.strftime('%Y%m%d-%H%M%S-'), dir=out_dir/'stale'))
-        for f in [p for p in out_dir.iterdir() if p.is_file()]: f.rename(stale/f.name)
-        warnings.warn(f"{out_dir}: {', '.join(diff)} changed since its files were made; they were moved to {stale} and the run starts afresh")
+    if set(diff) - set(obsolete):
+        raise ValueError(f"{out_dir} holds results made with other settings {diff} (then, now): use another folder")
+    if diff: _set_aside(out_dir, diff)
     write_atomic(path, json.dumps(fixed, indent=1, ensure_ascii=False))

@@ -25,7 +25,10 @@ def partial_reward(s:float) -> float:
 @dataclass
 class RewardDetail:
     "The reward of one episode and why."
-    reward: float; outcome: str; reward_valid: bool; termination_reason: str
+    reward: float
+    outcome: str
+    reward_valid: bool
+    termination_reason: str
     soft_score: float|None = None                   # S in [0, 1] for a purchase that passed the gates
     components: dict = field(default_factory=dict)  # s_i per active soft requirement
     gates: dict = field(default_factory=dict)       # 'pass' | 'fail' | 'unverifiable' per hard gate
@@ -41,7 +44,8 @@ class RewardDetail:
 def check_gates(p:dict, price:float|None, f:TaskFacts) -> dict:
     "Category and budget gates of a purchase: 'pass', 'fail' or 'unverifiable'."
     g = dict(category='unverifiable' if not p.get('category') else 'pass' if p['category'] == f.category else 'fail')
-    if f.budget is not None: g['budget'] = 'unverifiable' if price is None else 'pass' if price <= f.budget + 1e-9 else 'fail'
+    if f.budget is not None:
+        g['budget'] = 'unverifiable' if price is None else 'pass' if price <= f.budget + 1e-9 else 'fail'
     return g
 
 # %% ../nbs/02_reward.ipynb #e20080fe
@@ -70,24 +74,34 @@ def evidence_of(log:EpisodeLog, asin:str, f:TaskFacts) -> dict:
 # %% ../nbs/02_reward.ipynb #064b2b04
 def score_purchase(f:TaskFacts, log:EpisodeLog, catalog:Catalog) -> RewardDetail:
     "Reward v3 of an episode that ended with `buy now`."
-    b = log.purchase; p = catalog.by_asin(b['asin']); g = check_gates(p, b['price'], f)
+    b = log.purchase
+    p = catalog.by_asin(b['asin'])
+    g = check_gates(p, b['price'], f)
     d = dict(termination_reason='purchase', gates=g)
-    if 'fail' in g.values(): return RewardDetail(REWARDS['wrong_purchase'], 'wrong_purchase', True, note='a hard gate failed', **d)
-    if 'unverifiable' in g.values(): return RewardDetail(0.0, 'unverifiable', False, note='a hard gate cannot be checked', **d)
-    s, comp = soft_match(p, b['selected'], f); ev = evidence_of(log, b['asin'], f); d.update(soft_score=s, components=comp, evidence=ev)
+    if 'fail' in g.values():
+        return RewardDetail(REWARDS['wrong_purchase'], 'wrong_purchase', True, note='a hard gate failed', **d)
+    if 'unverifiable' in g.values():
+        return RewardDetail(0.0, 'unverifiable', False, note='a hard gate cannot be checked', **d)
+    s, comp = soft_match(p, b['selected'], f)
+    ev = evidence_of(log, b['asin'], f)
+    d.update(soft_score=s, components=comp, evidence=ev)
     if s < 1 - 1e-9: return RewardDetail(partial_reward(s), 'partial', True, note=f'S={s:.3f}', **d)
-    if b['asin'] == f.target_asin and all(ev.values()): return RewardDetail(REWARDS['gold'], 'gold', True, note='exact target, verified', **d)
-    why = 'target bought without full evidence' if b['asin'] == f.target_asin else 'another product meets every requirement'
+    if b['asin'] == f.target_asin and all(ev.values()):
+        return RewardDetail(REWARDS['gold'], 'gold', True, note='exact target, verified', **d)
+    exact = b['asin'] == f.target_asin
+    why = 'target bought without full evidence' if exact else 'another product meets every requirement'
     return RewardDetail(REWARDS['alternative'], 'alternative', True, note=why, **d)
 
 # %% ../nbs/02_reward.ipynb #5db15176
 def score_stop(f:TaskFacts, log:EpisodeLog, catalog:Catalog) -> RewardDetail:
     "Reward v3 of an episode that ended with `finish[...]`."
-    effective = len({q.lower() for q, n in log.queries if n > 0}); opened = list(dict.fromkeys(log.opened))
+    effective = len({q.lower() for q, n in log.queries if n > 0})
+    opened = list(dict.fromkeys(log.opened))
     acceptable = [a for a in opened if satisfies(catalog.by_asin(a), f)]
     ev = dict(effective_searches=effective, opened=len(opened), acceptable_opened=len(acceptable))
     if effective >= 2 and len(opened) >= 2 and not acceptable:
-        return RewardDetail(REWARDS['graceful_stop'], 'graceful_stop', True, 'finish', evidence=ev, note='searched, compared, nothing fit')
+        return RewardDetail(REWARDS['graceful_stop'], 'graceful_stop', True, 'finish', evidence=ev,
+                            note='searched, compared, nothing fit')
     return RewardDetail(REWARDS['early_abstain'], 'early_abstain', True, 'finish', evidence=ev,
                         note='an acceptable product was opened' if acceptable else 'stopped before searching enough')
 
@@ -97,7 +111,8 @@ INFRA_REASONS = ('context_overflow', 'generation_error', 'env_error')  # ends th
 def score_episode(task:Task, log:EpisodeLog, catalog:Catalog) -> RewardDetail:
     "Reward v3 of a finished episode: the env's `scorer`."
     t = log.termination_reason
-    if t in INFRA_REASONS: return RewardDetail(0.0, 'infrastructure', False, t, note='ended by infrastructure, not by the agent')
+    if t in INFRA_REASONS:
+        return RewardDetail(0.0, 'infrastructure', False, t, note='ended by infrastructure, not by the agent')
     if t in ('repeat_loop', 'no_progress'): return RewardDetail(REWARDS['repeat_loop'], 'repeat_loop', True, t)
     if t == 'max_steps': return RewardDetail(REWARDS['max_steps'], 'max_steps', True, t)
     if t == 'purchase': return score_purchase(task.facts, log, catalog)

@@ -19,34 +19,45 @@ __all__ = ['ACTIONS', 'ShopError', 'Lease', 'ShopService', 'make_app', 'ShopClie
 # %% ../nbs/02a_server.ipynb #0f6c07ec
 class ShopError(Exception):
     "A request the service refuses; `status` is the HTTP code it answers with."
-    def __init__(self, msg:str, status:int=400): super().__init__(msg); self.status = status
+    def __init__(self, msg:str, status:int=400):
+        super().__init__(msg)
+        self.status = status
 
 @dataclass
 class Lease:
-    env: ShopEnv; task_id: str; last_used: float
+    env: ShopEnv
+    task_id: str
+    last_used: float
 
 class ShopService:
     "ShopSimulator-protocol sessions over a `Shop`."
     def __init__(self, shop:Shop, max_slots:int=256, lease_ttl:float=900.0):
         self.shop, self.max_slots, self.lease_ttl = shop, max_slots, lease_ttl
-        self.leases: dict[int, Lease] = {}; self.lock = threading.Lock(); self.next_idx = 0
+        self.leases: dict[int, Lease] = {}
+        self.lock = threading.Lock()
+        self.next_idx = 0
 
     def expire(self, now:float|None=None) -> list[int]:
         "Release leases idle longer than `lease_ttl`; their slot ids."
-        now = now or time.time(); old = [i for i, l in self.leases.items() if now - l.last_used > self.lease_ttl]
+        now = now or time.time()
+        old = [i for i, l in self.leases.items() if now - l.last_used > self.lease_ttl]
         for i in old: del self.leases[i]
         return old
 
 # %% ../nbs/02a_server.ipynb #f601b1ec
 def _answer(r, lease:Lease) -> dict:
     out = dict(done=r.done, reward=r.reward, instruction=r.text, observation_state=r.state, env_idx=None)
-    if r.done: out.update(reward_detail=r.detail, termination_reason=r.detail['termination_reason'], reward_valid=r.detail['reward_valid'])
+    if r.done:
+        out.update(reward_detail=r.detail, termination_reason=r.detail['termination_reason'],
+                   reward_valid=r.detail['reward_valid'])
     return out
 
 @patch
 def _lease(self:ShopService, env_idx) -> tuple[int, Lease]:
-    if isinstance(env_idx, bool) or not isinstance(env_idx, int): raise ShopError(f"env_idx must be an integer, got {json.dumps(env_idx)[:40]}")
-    if env_idx not in self.leases: raise ShopError(f"env_idx {env_idx} is not leased (never reset, released, or expired)", 404)
+    if isinstance(env_idx, bool) or not isinstance(env_idx, int):
+        raise ShopError(f"env_idx must be an integer, got {json.dumps(env_idx)[:40]}")
+    if env_idx not in self.leases:
+        raise ShopError(f"env_idx {env_idx} is not leased (never reset, released, or expired)", 404)
     return env_idx, self.leases[env_idx]
 
 @patch
@@ -56,16 +67,22 @@ def _reset(self:ShopService, body:dict) -> dict:
     except KeyError as e: raise ShopError(str(e.args[0]), 404)
     except TypeError as e: raise ShopError(str(e), 400)
     self.expire()
-    if len(self.leases) >= self.max_slots: raise ShopError(f"all {self.max_slots} slots are leased; release one or wait for idle leases to expire", 503)
-    env = self.shop.env(); state = env.reset(task.instruction, task)
-    i = self.next_idx; self.next_idx += 1; self.leases[i] = Lease(env, task.task_id, time.time())
-    return dict(env_idx=i, task_id=task.task_id, instruction=task.instruction, observation=render_state(state), observation_state=state)
+    if len(self.leases) >= self.max_slots:
+        raise ShopError(f"all {self.max_slots} slots are leased; release one or wait for idle leases to expire", 503)
+    env = self.shop.env()
+    state = env.reset(task.instruction, task)
+    i = self.next_idx
+    self.next_idx += 1
+    self.leases[i] = Lease(env, task.task_id, time.time())
+    return dict(env_idx=i, task_id=task.task_id, instruction=task.instruction, observation=render_state(state),
+                observation_state=state)
 
 # %% ../nbs/02a_server.ipynb #758f71f9
 @patch
 def _interact(self:ShopService, body:dict) -> dict:
     i, lease = self._lease(body.get('env_idx'))
-    if not isinstance(body.get('response'), str): raise ShopError("interact needs 'response': a text action such as search[...] or click[...]")
+    if not isinstance(body.get('response'), str):
+        raise ShopError("interact needs 'response': a text action such as search[...] or click[...]")
     lease.last_used = time.time()
     try: r = lease.env.step(body['response'])
     except InvalidAction as e: raise ShopError(str(e), 400)
@@ -73,11 +90,15 @@ def _interact(self:ShopService, body:dict) -> dict:
 
 @patch
 def _release_one(self:ShopService, body:dict) -> dict:
-    i, _ = self._lease(body.get('env_idx')); del self.leases[i]; return dict(released=[i])
+    i, _ = self._lease(body.get('env_idx'))
+    del self.leases[i]
+    return dict(released=[i])
 
 @patch
 def _release_all(self:ShopService, body:dict) -> dict:
-    ids = sorted(self.leases); self.leases.clear(); return dict(released=ids)
+    ids = sorted(self.leases)
+    self.leases.clear()
+    return dict(released=ids)
 
 # %% ../nbs/02a_server.ipynb #cc688913
 ACTIONS = ('reset', 'interact', 'release_one', 'release_all')
@@ -87,7 +108,9 @@ def handle(self:ShopService, body) -> tuple[int, dict]:
     "HTTP status and `{'result': ...}` for one protocol request."
     if not isinstance(body, dict): return 400, dict(result=dict(error="the body must be a JSON object"))
     act = body.get('action')
-    if act not in ACTIONS: return 400, dict(result=dict(error=f"unknown action {json.dumps(act)[:60]}; expected one of {', '.join(ACTIONS)}"))
+    if act not in ACTIONS:
+        error = f"unknown action {json.dumps(act)[:60]}; expected one of {', '.join(ACTIONS)}"
+        return 400, dict(result=dict(error=error))
     with self.lock:
         try: return 200, dict(result=getattr(self, f'_{act}')(body))
         except ShopError as e: return e.status, dict(result=dict(error=str(e)))
@@ -95,26 +118,33 @@ def handle(self:ShopService, body) -> tuple[int, dict]:
 # %% ../nbs/02a_server.ipynb #1f410456
 def make_app(service:ShopService, max_body:int=2_000_000):
     "A FastAPI app serving `service`."
-    app = FastAPI(title='shopping_grpo shop', description='ShopSimulator protocol at POST /api/shop_agent, plus health and task listing.')
+    app = FastAPI(title='shopping_grpo shop',
+                  description='ShopSimulator protocol at POST /api/shop_agent, plus health and task listing.')
 
     @app.post('/api/shop_agent', summary='ShopSimulator protocol: reset | interact | release_one | release_all')
     async def shop_agent(request: Request):
         raw = await request.body()
-        if len(raw) > max_body: return JSONResponse(dict(result=dict(error=f"body of {len(raw)} bytes exceeds {max_body}")), 413)
+        if len(raw) > max_body:
+            return JSONResponse(dict(result=dict(error=f"body of {len(raw)} bytes exceeds {max_body}")), 413)
         try: body = json.loads(raw.decode('utf-8'))
         except UnicodeDecodeError: return JSONResponse(dict(result=dict(error="the body is not valid UTF-8")), 400)
-        except json.JSONDecodeError as e: return JSONResponse(dict(result=dict(error=f"malformed JSON: {e.msg} at position {e.pos}")), 400)
+        except json.JSONDecodeError as e:
+            return JSONResponse(dict(result=dict(error=f"malformed JSON: {e.msg} at position {e.pos}")), 400)
         except RecursionError: return JSONResponse(dict(result=dict(error="the JSON body is nested too deeply")), 400)
-        code, out = service.handle(body); return JSONResponse(out, code)
+        code, out = service.handle(body)
+        return JSONResponse(out, code)
 
     @app.get('/api/health', summary='Liveness and the shop being served')
-    async def health(): return dict(ok=True, products=len(service.shop.catalog), catalog_sha256=service.shop.catalog.sha256,
-                                    leases=len(service.leases), max_slots=service.max_slots)
+    async def health():
+        return dict(ok=True, products=len(service.shop.catalog), catalog_sha256=service.shop.catalog.sha256,
+                    leases=len(service.leases), max_slots=service.max_slots)
 
     @app.get('/api/tasks', summary='Task ids of a split (instructions only, never facts)')
     async def tasks(split: str = 'eval'):
-        if split not in service.shop.tasks: return JSONResponse(dict(result=dict(error=f"unknown split {split[:40]!r}")), 404)
-        return dict(split=split, tasks=[dict(task_id=t.task_id, instruction=t.instruction) for t in service.shop.tasks[split]])
+        if split not in service.shop.tasks:
+            return JSONResponse(dict(result=dict(error=f"unknown split {split[:40]!r}")), 404)
+        return dict(split=split,
+                    tasks=[dict(task_id=t.task_id, instruction=t.instruction) for t in service.shop.tasks[split]])
     return app
 
 # %% ../nbs/02a_server.ipynb #df56f247
@@ -128,12 +158,15 @@ class ShopClient:
         "POST one protocol request; the `result`, or a `ShopError` with the server's message."
         r = self.http.post('/api/shop_agent', json=body)
         try: res = r.json().get('result', {})
-        except ValueError: raise ShopError(f"server answered {r.status_code} with non-JSON: {r.text[:120]}", r.status_code)
+        except ValueError:
+            raise ShopError(f"server answered {r.status_code} with non-JSON: {r.text[:120]}", r.status_code)
         if 'error' in res: raise ShopError(res['error'], r.status_code)
         return res
 
-    def reset(self, idx, if_persona:bool=False) -> dict: return self.call(action='reset', idx=idx, if_persona=if_persona)
-    def interact(self, env_idx:int, response:str) -> dict: return self.call(action='interact', env_idx=env_idx, response=response)
+    def reset(self, idx, if_persona:bool=False) -> dict:
+        return self.call(action='reset', idx=idx, if_persona=if_persona)
+    def interact(self, env_idx:int, response:str) -> dict:
+        return self.call(action='interact', env_idx=env_idx, response=response)
     def release(self, env_idx:int) -> dict: return self.call(action='release_one', env_idx=env_idx)
     def release_all(self) -> dict: return self.call(action='release_all')
 
@@ -141,9 +174,11 @@ class ShopClient:
 class RemoteShopEnv:
     "The `ShopEnv` surface over HTTP: reset/step/abort against a ShopSimulator-protocol server."
     def __init__(self, client, max_steps:int=35):
-        self.client, self.max_steps, self.done, self.reward, self.env_idx, self.log = client, max_steps, True, None, None, EpisodeLog()
+        self.client, self.max_steps, self.done = client, max_steps, True
+        self.reward, self.env_idx, self.log = None, None, EpisodeLog()
     def reset(self, instruction:str, task:Task) -> dict:
-        r = self.client.reset(task.task_id); self.env_idx, self.done, self.reward, self.log = r['env_idx'], False, None, EpisodeLog()
+        r = self.client.reset(task.task_id)
+        self.env_idx, self.done, self.reward, self.log = r['env_idx'], False, None, EpisodeLog()
         return r['observation_state']
 
 # %% ../nbs/02a_server.ipynb #6626bed2
@@ -154,14 +189,20 @@ def step(self:RemoteShopEnv, action:str):
     except ShopError as e:
         if e.status == 400: raise InvalidAction(str(e)) from None
         raise
-    self.log.steps += 1; self.done = r['done']
-    if self.done: self.reward = RewardDetail(**r['reward_detail']); self.log.termination_reason = r['termination_reason']; self._release()
+    self.log.steps += 1
+    self.done = r['done']
+    if self.done:
+        self.reward = RewardDetail(**r['reward_detail'])
+        self.log.termination_reason = r['termination_reason']
+        self._release()
     return StepResult(r['observation_state'], r['instruction'], r['done'], r['reward'], r.get('reward_detail'))
 
 @patch
 def abort(self:RemoteShopEnv, reason:str='max_steps') -> dict:
     "End on the agent's side and score it with Reward v3's rule for `reason`."
-    self.log.termination_reason, self.done = reason, True; self.reward = score_episode(None, self.log, None); self._release()
+    self.log.termination_reason, self.done = reason, True
+    self.reward = score_episode(None, self.log, None)
+    self._release()
     return dict(page_type='terminal', message=f'Stopped: {reason}.', search_available=False, clickables=[])
 
 @patch

@@ -8,7 +8,7 @@ import hashlib, json, math, shutil, time
 from collections import Counter
 from dataclasses import dataclass, asdict
 from pathlib import Path
-from .records import write_atomic, sha256_file
+from .records import write_atomic, sha256_file, append_record, read_jsonl, pin_run, package_versions
 from .episode import ChatRenderer, hermes_text
 from .collect import load_trajectories
 
@@ -27,15 +27,22 @@ def generated_text(msg:dict) -> str:
 
 # %% ../nbs/05_sft.ipynb #19289140
 def sft_example(messages:list[dict], renderer:ChatRenderer, max_len:int=8192) -> dict|None:
-    "A conversation as the runner's token stream, labelled on the assistant's tokens only; None when longer than `max_len`."
+    "A conversation as the runner's token stream, labelled on the assistant's tokens only; None when over `max_len`."
     turns = [i for i, m in enumerate(messages) if m['role'] == 'assistant']
     if not turns: raise ValueError('the conversation has no assistant turn')
-    ids = renderer.ids(renderer.text(messages[:turns[0]], gen=True)); labels = [IGNORE]*len(ids)
+    ids = renderer.ids(renderer.text(messages[:turns[0]], gen=True))
+    labels = [IGNORE]*len(ids)
     for i in range(turns[0], turns[-1] + 1):  # observations after the last assistant turn are never seen by the model
-        m = messages[i]
-        if m['role'] == 'assistant': new = renderer.ids(generated_text(m)) + [renderer.end_id]; labels += new
-        elif messages[i - 1]['role'] == 'assistant': new = renderer.delta(m); labels += [IGNORE]*len(new)
-        else: raise ValueError(f"message {i} ({m['role']}) follows a {messages[i - 1]['role']} message: the runner sends one observation per turn")
+        m, before = messages[i], messages[i - 1]['role']
+        if m['role'] == 'assistant':
+            new = renderer.ids(generated_text(m)) + [renderer.end_id]
+            labels += new
+        elif before == 'assistant':
+            new = renderer.delta(m)
+            labels += [IGNORE]*len(new)
+        else:
+            raise ValueError(f"message {i} ({m['role']}) follows a {before} message: "
+                             f"the runner sends one observation per turn")
         ids += new
         if len(ids) > max_len: return None
     return dict(input_ids=ids, labels=labels)
@@ -59,23 +66,29 @@ class SFTData:
         for p in self.paths:
             for rec in load_trajectories(p):
                 c['records'] += 1
-                if where is not None and not where(rec): c['filtered'] += 1; continue
+                if where is not None and not where(rec):
+                    c['filtered'] += 1
+                    continue
                 lang = rec.get('lang', 'en')
                 if lang not in renderers: renderers[lang] = ChatRenderer(tokenizer, chat_template, lang)
                 try: ex = sft_example(rec['messages'], renderers[lang], max_len)
-                except (KeyError, ValueError): c['malformed'] += 1; continue
-                if ex is None: c['over_length'] += 1; continue
-                self.rows.append(ex)
+                except (KeyError, ValueError):
+                    c['malformed'] += 1
+                    continue
+                if ex is None: c['over_length'] += 1
+                else: self.rows.append(ex)
         lens = [len(r['input_ids']) for r in self.rows]
-        self.counts = dict(records=c['records'], rows=len(self.rows), over_length=c['over_length'], malformed=c['malformed'],
-                           filtered=c['filtered'], tokens=sum(lens), labelled_tokens=sum(sum(l != IGNORE for l in r['labels']) for r in self.rows),
+        labelled = sum(sum(l != IGNORE for l in r['labels']) for r in self.rows)
+        self.counts = dict(records=c['records'], rows=len(self.rows), over_length=c['over_length'],
+                           malformed=c['malformed'], filtered=c['filtered'], tokens=sum(lens), labelled_tokens=labelled,
                            longest=max(lens, default=0), max_len=max_len)
     def __len__(self): return len(self.rows)
     def __getitem__(self, i): return self.rows[i]
     def __repr__(self): return f"SFTData({', '.join(p.name for p in self.paths)}: {self.counts})"
     def info(self) -> dict:
         "Counts and hashes of the sources and of the rows, for summaries."
-        return dict(self.counts, files={str(p): sha256_file(p) for p in self.paths}, rows_sha256=rows_sha256(self.rows))
+        files = {str(p): sha256_file(p) for p in self.paths}
+        return dict(self.counts, files=files, rows_sha256=rows_sha256(self.rows))
 
 # %% ../nbs/05_sft.ipynb #fb1c198a
 class PadCollator:
@@ -83,9 +96,11 @@ class PadCollator:
     def __init__(self, pad_id:int): self.pad_id = pad_id
     def __call__(self, rows:list[dict]) -> dict:
         import torch
-        n = max(len(r['input_ids']) for r in rows); pad = lambda r, k, v: r[k] + [v]*(n - len(r[k]))
+        n = max(len(r['input_ids']) for r in rows)
+        pad = lambda r, k, v: r[k] + [v]*(n - len(r[k]))
+        mask = lambda r: [1]*len(r['input_ids']) + [0]*(n - len(r['input_ids']))
         return dict(input_ids=torch.tensor([pad(r, 'input_ids', self.pad_id) for r in rows]),
-                    attention_mask=torch.tensor([[1]*len(r['input_ids']) + [0]*(n - len(r['input_ids'])) for r in rows]),
+                    attention_mask=torch.tensor([mask(r) for r in rows]),
                     labels=torch.tensor([pad(r, 'labels', IGNORE) for r in rows]),
                     output_hidden_states=True, logits_to_keep=1, use_cache=False)
 
@@ -95,28 +110,33 @@ def _ce_sum(head, h, t):
     return F.cross_entropy(head(h).float(), t, reduction='sum')
 
 def labelled_nll(hidden, labels, head, chunk:int=2048):
-    "Summed next-token NLL at labelled positions and their count; the LM head runs on those positions only, chunk by chunk."
+    "Summed next-token NLL at labelled positions and their count; the LM head runs on those positions only, in chunks."
     import torch
     from torch.utils.checkpoint import checkpoint
-    tgt = labels[:, 1:]; keep = tgt != IGNORE
+    tgt = labels[:, 1:]
+    keep = tgt != IGNORE
     h, t = hidden[:, :-1][keep], tgt[keep]
     total = hidden.new_zeros((), dtype=torch.float32)
     for i in range(0, len(t), chunk):  # each chunk's logits are recomputed in backward, not stored
-        total = total + checkpoint(_ce_sum, head, h[i:i + chunk].to(head.weight.dtype), t[i:i + chunk], use_reentrant=False)
+        part = h[i:i + chunk].to(head.weight.dtype)
+        total = total + checkpoint(_ce_sum, head, part, t[i:i + chunk], use_reentrant=False)
     return total, keep.sum()
 
 # %% ../nbs/05_sft.ipynb #89db5005
 def action_loss(model, rows:list[dict], batch_size:int=8, chunk:int=2048, pad_id:int=0) -> tuple[float, int]:
     "Token-weighted mean NLL of `model` on the labelled tokens of `rows`, and their count."
     import torch
-    dev = next(model.parameters()).device; was = model.training; model.eval(); nll, n = 0.0, 0
+    dev, was, nll, n = next(model.parameters()).device, model.training, 0.0, 0
+    model.eval()
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]['input_ids']))  # like lengths together: little padding
     with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == 'cuda'):
         for i in range(0, len(order), batch_size):
-            b = PadCollator(pad_id)([rows[j] for j in order[i:i + batch_size]]); labels = b.pop('labels')
+            b = PadCollator(pad_id)([rows[j] for j in order[i:i + batch_size]])
+            labels = b.pop('labels')
             out = model(**{k: v.to(dev) if hasattr(v, 'to') else v for k, v in b.items()})
             s, c = labelled_nll(out.hidden_states[-1], labels.to(dev), model.get_output_embeddings(), chunk)
-            nll += s.item(); n += c.item()
+            nll += s.item()
+            n += c.item()
     model.train(was)
     return nll / max(n, 1), n
 
@@ -153,15 +173,18 @@ def sft_config(profile:str='gpu', **overrides) -> SFTConfig:
 
 # %% ../nbs/05_sft.ipynb #54aa6beb
 def tiny_model(out_dir, base='smollm2', layers:int=2, hidden:int=64, seed:int=0) -> Path:
-    "A small randomly initialised model of `base`'s architecture, with its tokenizer and chat template (smoke runs, tests)."
+    "A small randomly initialised model of `base`'s architecture, with its tokenizer and chat template (smoke, tests)."
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from shopping_grpo.model import materialize_model
     src, out = str(materialize_model(base)), Path(out_dir)
-    cfg = AutoConfig.from_pretrained(src)  # 2 query heads sharing 1 key/value head: attention is the CPU cost at these lengths
+    cfg = AutoConfig.from_pretrained(src)
+    # 2 query heads sharing 1 key/value head: attention is the CPU cost at these lengths
     cfg.update(dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=hidden // 2))
-    torch.manual_seed(seed); AutoModelForCausalLM.from_config(cfg).save_pretrained(out); AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
 
 # %% ../nbs/05_sft.ipynb #429d7526
@@ -174,28 +197,34 @@ class ActionLoss:
         return nll / (num_items_in_batch if num_items_in_batch is not None else n.clamp(min=1))
     def take(self) -> int:
         "Labelled tokens seen since the last call."
-        n, self.labelled = int(self.labelled), 0; return n
+        n, self.labelled = int(self.labelled), 0
+        return n
 
 # %% ../nbs/05_sft.ipynb #0366744d
-def _append(path, rec:dict):
-    with open(path, 'a', encoding='utf-8') as f: f.write(json.dumps(rec) + '\n')
+def _log(path, rec:dict):
+    "Append one entry to a training log, durably."
+    with open(path, 'a', encoding='utf-8') as f: append_record(f, rec)
 
 def _progress_callback(log_path, val_rows, loss_fn:ActionLoss, cfg:SFTConfig, pad_id:int):
     "A TrainerCallback writing step logs and epoch-end validation losses to `log_path`."
     from transformers import TrainerCallback
     class SFTProgress(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw): self.t, self.seen = time.time(), state.num_input_tokens_seen
+        def on_train_begin(self, args, state, control, **kw):
+            self.t, self.seen = time.time(), state.num_input_tokens_seen
         def on_log(self, args, state, control, logs=None, **kw):
             if 'loss' not in (logs or {}): return
             now, seen = time.time(), state.num_input_tokens_seen
-            _append(log_path, dict(kind='train', step=state.global_step, epoch=round(state.epoch, 4), loss=logs['loss'], lr=logs.get('learning_rate'),
-                                   grad_norm=logs.get('grad_norm'), tokens=seen - self.seen, labelled_tokens=loss_fn.take(),
-                                   tokens_per_s=round((seen - self.seen) / max(now - self.t, 1e-9)), time=round(now, 2)))
+            _log(log_path, dict(kind='train', step=state.global_step, epoch=round(state.epoch, 4), loss=logs['loss'],
+                                lr=logs.get('learning_rate'), grad_norm=logs.get('grad_norm'), tokens=seen - self.seen,
+                                labelled_tokens=loss_fn.take(),
+                                tokens_per_s=round((seen - self.seen) / max(now - self.t, 1e-9)), time=round(now, 2)))
             self.t, self.seen = now, seen
         def on_epoch_end(self, args, state, control, model=None, **kw):
             if not val_rows: return
-            t0 = time.time(); loss, n = action_loss(model, val_rows, cfg.eval_batch_size, cfg.loss_chunk, pad_id)
-            _append(log_path, dict(kind='val', step=state.global_step, epoch=round(state.epoch, 4), val_loss=loss, val_tokens=n, seconds=round(time.time() - t0, 2)))
+            t0 = time.time()
+            loss, n = action_loss(model, val_rows, cfg.eval_batch_size, cfg.loss_chunk, pad_id)
+            _log(log_path, dict(kind='val', step=state.global_step, epoch=round(state.epoch, 4), val_loss=loss,
+                                val_tokens=n, seconds=round(time.time() - t0, 2)))
             self.t += time.time() - t0  # validation time is not training time
     return SFTProgress()
 
@@ -203,78 +232,94 @@ def _progress_callback(log_path, val_rows, loss_fn:ActionLoss, cfg:SFTConfig, pa
 def sft_summary(log_path) -> dict:
     "Per-epoch training and validation losses and the mean speed, from a `log.jsonl`."
     train, val = {}, {}
-    for line in Path(log_path).read_text().splitlines():
-        r = json.loads(line); (train if r['kind'] == 'train' else val)[r['step']] = r
+    for r in read_jsonl(log_path)[0]: (train if r['kind'] == 'train' else val)[r['step']] = r
     ep = lambda r: math.ceil(r['epoch'] - 1e-6)
+    new = lambda r: dict(epoch=ep(r), steps=0, nll=0.0, labelled=0)
     epochs = {}
     for r in train.values():
-        e = epochs.setdefault(ep(r), dict(epoch=ep(r), steps=0, nll=0.0, labelled=0)); e['steps'] += 1
-        e['nll'] += r['loss'] * r['labelled_tokens']; e['labelled'] += r['labelled_tokens']
-    for r in val.values(): epochs.setdefault(ep(r), dict(epoch=ep(r), steps=0, nll=0.0, labelled=0))['val_loss'] = r['val_loss']
-    rows = [dict(epoch=e['epoch'], steps=e['steps'], train_loss=e['nll'] / e['labelled'] if e['labelled'] else None, val_loss=e.get('val_loss'))
-            for e in sorted(epochs.values(), key=lambda e: e['epoch'])]
+        e = epochs.setdefault(ep(r), new(r))
+        e['steps'] += 1
+        e['nll'] += r['loss'] * r['labelled_tokens']
+        e['labelled'] += r['labelled_tokens']
+    for r in val.values(): epochs.setdefault(ep(r), new(r))['val_loss'] = r['val_loss']
+    rows = [dict(epoch=e['epoch'], steps=e['steps'], train_loss=e['nll'] / e['labelled'] if e['labelled'] else None,
+                 val_loss=e.get('val_loss')) for e in sorted(epochs.values(), key=lambda e: e['epoch'])]
     speeds = [r['tokens_per_s'] for r in train.values()][1:]  # the first step carries start-up costs
-    return dict(epochs=rows, steps=max(train, default=0), tokens_per_s=round(sum(speeds) / len(speeds)) if speeds else None)
+    speed = round(sum(speeds) / len(speeds)) if speeds else None
+    return dict(epochs=rows, steps=max(train, default=0), tokens_per_s=speed)
 
 # %% ../nbs/05_sft.ipynb #6081fb59
 UNPINNED = ('max_steps', 'epochs', 'save_steps', 'eval_batch_size')  # a resumed run may change these (a longer budget)
 
 def pin_sft_run(out_dir, settings:dict, resuming:bool):
-    "Record a run's model, data hashes and recipe in `run.json`; refuse to resume a run made with others."
-    path, now = Path(out_dir)/'run.json', {k: v for k, v in settings.items() if k not in UNPINNED}
-    if resuming and path.exists():
-        old = json.loads(path.read_text())
-        if diff := {k: (old.get(k), v) for k, v in now.items() if old.get(k) != v}:
-            raise ValueError(f"{out_dir} holds a run with other settings {diff}: train into another folder, or delete its checkpoints")
-    write_atomic(path, json.dumps(now, indent=1))
+    "Pin a training run's model, data hashes and recipe in `run.json` (`pin_run`); a resumed run must match them."
+    pinned = {k: v for k, v in settings.items() if k not in UNPINNED}
+    pin_run(out_dir, pinned, obsolete=(), fresh=not resuming)
 
 # %% ../nbs/05_sft.ipynb #7e556c48
 def _data_info(rows) -> dict:
     return rows.info() if hasattr(rows, 'info') else dict(rows=len(rows), rows_sha256=rows_sha256(rows))
 
+def _trainer_args(cfg:SFTConfig, out_dir:Path, cuda:bool, progress:bool):
+    "Trainer's arguments for the recipe `cfg`."
+    from transformers import TrainingArguments
+    return TrainingArguments(
+        output_dir=str(out_dir), per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.lr, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps, lr_scheduler_type=cfg.schedule,
+        warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, logging_steps=1,
+        eval_strategy='no', save_strategy='steps' if cfg.save_steps else 'epoch', save_steps=cfg.save_steps or 500,
+        bf16=cuda, use_cpu=not cuda, seed=cfg.seed, data_seed=cfg.seed, train_sampling_strategy='group_by_length',
+        remove_unused_columns=False, include_num_input_tokens_seen='non_padding',
+        gradient_checkpointing=cfg.gradient_checkpointing, gradient_checkpointing_kwargs=dict(use_reentrant=False),
+        report_to='none', disable_tqdm=not progress, dataloader_num_workers=0)
+
 def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None=None, progress:bool=True) -> dict:
-    "Train a LoRA adapter on `train_rows` (SFTData or rows) with action-only loss; resumes from `out_dir`'s last checkpoint; the summary."
+    "Train a LoRA adapter on `train_rows` (SFTData or rows) with action-only loss; resumes `out_dir`'s last checkpoint."
     import torch, transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
     from transformers.trainer_utils import get_last_checkpoint
     from peft import LoraConfig, get_peft_model
     from shopping_grpo.model import materialize_model
     cfg = cfg if isinstance(cfg, SFTConfig) else SFTConfig(**(cfg or {}))
-    t0, out_dir = time.time(), Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True); log = out_dir/'log.jsonl'
+    t0, out_dir = time.time(), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir/'log.jsonl'
     path, cuda = str(materialize_model(model_path)), torch.cuda.is_available()
     train, val = list(getattr(train_rows, 'rows', train_rows)), list(getattr(val_rows, 'rows', val_rows or []))
     resume = get_last_checkpoint(str(out_dir)) if any(out_dir.glob('checkpoint-*')) else None
-    pin_sft_run(out_dir, dict(model=path, train=rows_sha256(train), val=rows_sha256(val), **asdict(cfg)), resume is not None)
-    tok = AutoTokenizer.from_pretrained(path); pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    settings = dict(model=path, train=rows_sha256(train), val=rows_sha256(val), **asdict(cfg))
+    pin_sft_run(out_dir, settings, resume is not None)
+    tok = AutoTokenizer.from_pretrained(path)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     transformers.set_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                              target_modules=cfg.target_modules, task_type='CAUSAL_LM'))
     loss_fn = ActionLoss(model.get_output_embeddings(), cfg.loss_chunk)
-    args = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-        learning_rate=cfg.lr, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps, lr_scheduler_type=cfg.schedule, warmup_steps=cfg.warmup,
-        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, logging_steps=1, eval_strategy='no',
-        save_strategy='steps' if cfg.save_steps else 'epoch', save_steps=cfg.save_steps or 500, bf16=cuda, use_cpu=not cuda,
-        seed=cfg.seed, data_seed=cfg.seed, train_sampling_strategy='group_by_length', remove_unused_columns=False,
-        include_num_input_tokens_seen='non_padding', gradient_checkpointing=cfg.gradient_checkpointing,
-        gradient_checkpointing_kwargs=dict(use_reentrant=False), report_to='none', disable_tqdm=not progress, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=PadCollator(pad_id), processing_class=tok,
-                      compute_loss_func=loss_fn, callbacks=[_progress_callback(log, val, loss_fn, cfg, pad_id)])
+    args = _trainer_args(cfg, out_dir, cuda, progress)
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=PadCollator(pad_id),
+                      processing_class=tok, compute_loss_func=loss_fn,
+                      callbacks=[_progress_callback(log, val, loss_fn, cfg, pad_id)])
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # log.jsonl has the step logs
     if resume is None and log.exists(): log.unlink()  # no checkpoint: a fresh run, whatever an earlier one logged
     if resume is None and val:
         loss, n = action_loss(model.to(args.device), val, cfg.eval_batch_size, cfg.loss_chunk, pad_id)
-        _append(log, dict(kind='val', step=0, epoch=0.0, val_loss=loss, val_tokens=n))
+        _log(log, dict(kind='val', step=0, epoch=0.0, val_loss=loss, val_tokens=n))
     if cuda: torch.cuda.reset_peak_memory_stats()
-    t1 = time.time(); trainer.train(resume_from_checkpoint=resume); train_s = time.time() - t1
+    t1 = time.time()
+    trainer.train(resume_from_checkpoint=resume)
+    train_s = time.time() - t1
     trainer.save_model(str(out_dir/'adapter'))
-    s = dict(sft_summary(log), model=str(model_path), base_path=path, adapter=str(out_dir/'adapter'), resumed_from=resume,
-             final_step=trainer.state.global_step, train_seconds=round(train_s, 1), minutes=round((time.time() - t0) / 60, 2),
-             device=torch.cuda.get_device_name() if cuda else 'cpu', peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+    s = dict(sft_summary(log), model=str(model_path), base_path=path, adapter=str(out_dir/'adapter'),
+             resumed_from=resume, final_step=trainer.state.global_step, train_seconds=round(train_s, 1),
+             minutes=round((time.time() - t0) / 60, 2),
+             device=torch.cuda.get_device_name() if cuda else 'cpu', peak_gpu_gib=peak,
              trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad), config=asdict(cfg),
              data=dict(train=_data_info(train_rows), val=_data_info(val_rows or [])),
-             versions={p: __import__(p).__version__ for p in ('torch', 'transformers', 'peft', 'accelerate')})
-    write_atomic(out_dir/'summary.json', json.dumps(s, indent=1)); return s
+             versions=package_versions(('torch', 'transformers', 'peft', 'accelerate')))
+    write_atomic(out_dir/'summary.json', json.dumps(s, indent=1))
+    return s
 
 # %% ../nbs/05_sft.ipynb #53d39b36
 def merge_lora(base_path, adapter_dir, out_dir, dtype:str='float32', chat_template:str|None=None) -> Path:
@@ -284,15 +329,21 @@ def merge_lora(base_path, adapter_dir, out_dir, dtype:str='float32', chat_templa
     from peft import PeftModel
     from shopping_grpo.model import materialize_model
     base, out = str(materialize_model(base_path)), Path(out_dir)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter_dir)).merge_and_unload()
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     tok = AutoTokenizer.from_pretrained(base)
     if chat_template is not None: tok.chat_template = chat_template
-    tmp = out.with_name(f'.{out.name}.tmp'); shutil.rmtree(tmp, ignore_errors=True)
-    model.to(getattr(torch, dtype)).save_pretrained(tmp); tok.save_pretrained(tmp)
-    (tmp/'merged.json').write_text(json.dumps(dict(base=base, adapter=str(adapter_dir), dtype=dtype,
-        adapter_sha256=sha256_file(Path(adapter_dir)/'adapter_model.safetensors'), created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())), indent=1))
+    tmp = out.with_name(f'.{out.name}.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(getattr(torch, dtype)).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    made = dict(base=base, adapter=str(adapter_dir), dtype=dtype,
+                adapter_sha256=sha256_file(Path(adapter_dir)/'adapter_model.safetensors'),
+                created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+    (tmp/'merged.json').write_text(json.dumps(made, indent=1))
     if out.exists(): shutil.rmtree(out)
-    tmp.rename(out); return out
+    tmp.rename(out)
+    return out
 
 # %% ../nbs/05_sft.ipynb #83cba3d5
 def turn_spans(labels:list[int]) -> list[tuple[int, int]]:
@@ -300,17 +351,20 @@ def turn_spans(labels:list[int]) -> list[tuple[int, int]]:
     spans, start = [], None
     for i, l in enumerate(list(labels) + [IGNORE]):
         if l != IGNORE and start is None: start = i
-        elif l == IGNORE and start is not None: spans.append((start, i)); start = None
+        elif l == IGNORE and start is not None:
+            spans.append((start, i))
+            start = None
     return spans
 
 # %% ../nbs/05_sft.ipynb #e58a9d68
 def call_names(messages:list[dict]) -> list[str]:
     "The tool each assistant turn calls ('' for a turn without a call)."
-    return [((m.get('tool_calls') or [{}])[0].get('function') or {}).get('name', '') for m in messages if m['role'] == 'assistant']
+    first_call = lambda m: (m.get('tool_calls') or [{}])[0].get('function') or {}
+    return [first_call(m).get('name', '') for m in messages if m['role'] == 'assistant']
 
 # %% ../nbs/05_sft.ipynb #a0d1a136
 def departure(tokenizer, teacher:list[int], predicted:list[int], tools) -> str:
-    "How a turn predicted under teacher forcing departs from the teacher's: 'same', 'arguments', 'format' or the tool it would call instead."
+    "How a turn predicted under teacher forcing departs from the teacher's: 'same', 'arguments', 'format' or a tool."
     import re
     k = next((i for i, (a, b) in enumerate(zip(teacher, predicted)) if a != b), None)
     if k is None: return 'same'
@@ -322,24 +376,28 @@ def departure(tokenizer, teacher:list[int], predicted:list[int], tools) -> str:
 
 # %% ../nbs/05_sft.ipynb #eb1a1b2c
 def turn_agreement(model, tokenizer, records:list[dict], max_len:int=8192, progress:bool=False) -> list[dict]:
-    "One row per assistant turn of the teacher's `records`: the previous tool, the teacher's tool and how the model's greedy turn departs from it."
+    "One row per assistant turn of the teacher's `records`: the previous tool, the teacher's, how the model departs."
     import torch
     from tqdm.auto import tqdm
     from shopping_grpo.tools import TOOL_SPECS
     renderer, rows = ChatRenderer(tokenizer), []
-    dev, head = next(model.parameters()).device, model.get_output_embeddings(); model.eval()
+    dev, head = next(model.parameters()).device, model.get_output_embeddings()
+    model.eval()
     for rec in tqdm(records, desc='teacher-forced episodes', disable=not progress):
         ex = sft_example(rec['messages'], renderer, max_len)
         if ex is None: continue
         spans, names = turn_spans(ex['labels']), call_names(rec['messages'])
         pos = torch.tensor([p - 1 for s, e in spans for p in range(s, e)], device=dev)
         with torch.no_grad():
-            h = model(input_ids=torch.tensor([ex['input_ids']], device=dev), output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]
+            ids = torch.tensor([ex['input_ids']], device=dev)
+            h = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]
             pred = head(h[pos]).argmax(-1).tolist()
         i = 0
         for k, (s, e) in enumerate(spans):
-            d = departure(tokenizer, ex['input_ids'][s:e], pred[i:i + e - s], TOOL_SPECS); i += e - s
-            rows.append(dict(task_id=rec['task_id'], turn=k, before=names[k - 1] if k else 'start', teacher=names[k], departure=d))
+            d = departure(tokenizer, ex['input_ids'][s:e], pred[i:i + e - s], TOOL_SPECS)
+            i += e - s
+            before = names[k - 1] if k else 'start'
+            rows.append(dict(task_id=rec['task_id'], turn=k, before=before, teacher=names[k], departure=d))
     return rows
 
 # %% ../nbs/05_sft.ipynb #51ae658d

@@ -22,7 +22,8 @@ class Shop:
     def env(self, max_steps:int=35) -> ShopEnv: return ShopEnv(self.catalog, self.index, score_episode, max_steps)
     def task(self, idx) -> Task:
         "A task by id, or by position in the evaluation split."
-        if isinstance(idx, bool) or not isinstance(idx, (int, str)): raise TypeError(f"task idx must be a task id or an index, got {type(idx).__name__}")
+        if isinstance(idx, bool) or not isinstance(idx, (int, str)):
+            raise TypeError(f"task idx must be a task id or an index, got {type(idx).__name__}")
         if isinstance(idx, int) or (idx.isascii() and idx.isdigit()):
             ev = self.tasks.get('eval', [])
             if not 0 <= int(idx) < len(ev): raise KeyError(f"task index {idx} out of range 0..{len(ev) - 1}")
@@ -33,19 +34,26 @@ class Shop:
 # %% ../nbs/02b_shop.ipynb #a7f9aad1
 DEFAULT_SIZES = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=200)
 
-def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, lang:str='en', sizes:dict|None=None, progress:bool=True) -> Shop:
-    "Build (or reuse) the catalog, index and task files of `run_dir` and load them as a `Shop`; `sizes=None` loads the task files present."
-    run_dir = Path(run_dir); build_catalog(run_dir/'catalog', n_products, seed, progress=progress)
-    catalog = Catalog.load(run_dir/'catalog', lang); index = SearchIndex(catalog, run_dir/'catalog'/'index', progress)
+def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, lang:str='en', sizes:dict|None=None,
+                 progress:bool=True) -> Shop:
+    "Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`; `sizes=None` loads the task files present."
+    run_dir = Path(run_dir)
+    build_catalog(run_dir/'catalog', n_products, seed, progress=progress)
+    catalog = Catalog.load(run_dir/'catalog', lang)
+    index = SearchIndex(catalog, run_dir/'catalog'/'index', progress)
     frozen = (n_products, seed, task_seed) == (BENCHMARK['n_products'], BENCHMARK['seed'], BENCHMARK['task_seed'])
     have = sorted((run_dir/'tasks').glob(f'*_{lang}.jsonl'))
-    sizes, tasks = dict(sizes or {p.name[:-len(f'_{lang}.jsonl')]: -1 for p in have} or DEFAULT_SIZES), {}  # no sizes: take what exists
+    present = {p.name[:-len(f'_{lang}.jsonl')]: -1 for p in have}
+    sizes, tasks = dict(sizes or present or DEFAULT_SIZES), {}  # no sizes: take what exists
     for s in sizes:
         path = run_dir/'tasks'/f'{s}_{lang}.jsonl'
         if path.exists(): tasks[s] = read_tasks(path, catalog)
-    if set(tasks) != set(sizes) or any(len(tasks[s]) != sizes[s] for s in sizes if sizes[s] >= 0 and not (s == 'eval' and frozen)):
+    counted = [s for s in sizes if sizes[s] >= 0 and not (s == 'eval' and frozen)]
+    if set(tasks) != set(sizes) or any(len(tasks[s]) != sizes[s] for s in counted):
         made = make_tasks(catalog, sizes, task_seed, lang, progress)
-        for s, ts in made.items(): write_tasks(run_dir/'tasks'/f'{s}_{lang}.jsonl', ts, catalog); tasks[s] = ts
+        for s, ts in made.items():
+            write_tasks(run_dir/'tasks'/f'{s}_{lang}.jsonl', ts, catalog)
+            tasks[s] = ts
     if frozen and (data_dir()/f'benchmark_{lang}.jsonl').exists():
         tasks['eval'] = load_benchmark(catalog, lang)
     return Shop(catalog, index, tasks)

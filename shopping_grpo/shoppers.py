@@ -16,7 +16,8 @@ __all__ = ['STOP', 'option_value', 'OracleShopper', 'ExpertShopper', 'RandomShop
 # %% ../nbs/02c_shoppers.ipynb #b02ad321
 def option_value(p:dict, key:str, value_key:str) -> str:
     "Display value of option `value_key` on axis `key` of product `p`."
-    a = next(a for a in p['axes'] if a['key'] == key); return a['values'][a['value_keys'].index(value_key)]
+    a = next(a for a in p['axes'] if a['key'] == key)
+    return a['values'][a['value_keys'].index(value_key)]
 
 class OracleShopper:
     "Knows the request's requirements (the task's facts) and checks candidates on the pages before buying: the teacher."
@@ -24,37 +25,47 @@ class OracleShopper:
     def __init__(self, catalog:Catalog, max_pages:int=3, max_steps:int=35, max_decoys:int=2):
         self.catalog, self.max_pages, self.max_steps, self.max_decoys = catalog, max_pages, max_steps, max_decoys
     def reset(self, task:Task):
-        f, p = task.facts, self.catalog.by_asin(task.facts.target_asin); self.task, self.f, self.steps, self.checked = task, f, 0, set()
-        self.cat, self.brand, self.model = p['category_name'], p['brand'] if f.brand else None, p['model'] if f.model else None
+        f, p = task.facts, self.catalog.by_asin(task.facts.target_asin)
+        self.task, self.f, self.steps, self.checked = task, f, 0, set()
+        self.cat = p['category_name']
+        self.brand, self.model = p['brand'] if f.brand else None, p['model'] if f.model else None
         self.feats = [p['features'][p['feature_keys'].index(k)] for k in f.features]  # the request's words for them
-        self.opts = {a['name']: option_value(p, a['key'], f.options[a['key']]) for a in p['axes'] if a['key'] in f.options}  # in the page's order
-        self.script = self._script(); next(self.script)
-    def act(self, state:dict) -> str: self.steps += 1; return self.script.send(state)
+        self.opts = {a['name']: option_value(p, a['key'], f.options[a['key']])  # in the page's order
+                     for a in p['axes'] if a['key'] in f.options}
+        self.script = self._script()
+        next(self.script)
+    def act(self, state:dict) -> str:
+        self.steps += 1
+        return self.script.send(state)
 
 # %% ../nbs/02c_shoppers.ipynb #3552b439
 @patch
 def queries(self:OracleShopper) -> list[str]:
-    "Queries from the request's words: short first (category and one distinguishing word), then longer, then everything it names."
+    "Queries from the request's words: short (category and one distinguishing word), then longer, then all it names."
     named = [x for x in [self.brand, self.model] if x]
     short = ' '.join([*(named[:1] or self.feats[:1]), self.cat])
-    qs = [short, ' '.join([self.cat, *self.feats]) if self.feats else None, ' '.join([*named, self.cat, *self.feats, *self.opts.values()]), self.cat]
+    qs = [short, ' '.join([self.cat, *self.feats]) if self.feats else None,
+          ' '.join([*named, self.cat, *self.feats, *self.opts.values()]), self.cat]
     return list(dict.fromkeys(q for q in qs if q))
 
 @patch
 def _row_fits(self:OracleShopper, row:dict) -> bool:
-    "Whether a result row's visible category, brand, title (which names the model) and lowest price leave the product possible."
-    return row['category'] == self.cat and (self.brand is None or row['brand'] == self.brand) and (self.model is None or self.model in row['title']) and \
-           (self.f.budget is None or row['price'] is None or row['price'] <= self.f.budget)
+    "Whether a result row's category, brand, title (which names the model) and lowest price leave the product possible."
+    return (row['category'] == self.cat and (self.brand is None or row['brand'] == self.brand)
+            and (self.model is None or self.model in row['title'])
+            and (self.f.budget is None or row['price'] is None or row['price'] <= self.f.budget))
 
 @patch
 def _looks_like(self:OracleShopper, row:dict) -> int:
     "How many of the request's features and option values a result's title shows (opened first)."
-    title = row['title'].lower(); return sum(x.lower() in title for x in [*self.feats, *self.opts.values()])
+    title = row['title'].lower()
+    return sum(x.lower() in title for x in [*self.feats, *self.opts.values()])
 
 # %% ../nbs/02c_shoppers.ipynb #ea6ad33a
 @patch
 def _script(self:OracleShopper):
-    state = yield; target = self.f.target_asin
+    state = yield
+    target = self.f.target_asin
     for q in self.queries():
         if not state['search_available']: state = yield 'click[back to search]'
         state = yield f'search[{q}]'
@@ -63,10 +74,13 @@ def _script(self:OracleShopper):
             state = yield 'click[next >]'
         if target in state['clickables']: break
     else:
-        yield 'finish[no product in the shop meets every requirement]'; return
-    rows = [r for r in state['results']]; above = rows[:[r['asin'] for r in rows].index(target)]
+        yield 'finish[no product in the shop meets every requirement]'
+        return
+    rows = [r for r in state['results']]
+    above = rows[:[r['asin'] for r in rows].index(target)]
     for row in sorted([r for r in above if self._row_fits(r)], key=self._looks_like, reverse=True)[:self.max_decoys]:
-        if self.steps + 8 + len(self.opts) + 2*bool(self.feats) > self.max_steps - 2: break  # keep enough steps for the target
+        if self.steps + 8 + len(self.opts) + 2*bool(self.feats) > self.max_steps - 2:
+            break  # keep enough steps for the target
         state, _ = yield from self._inspect(row['asin'])
     yield from self._inspect(target)
 
@@ -79,34 +93,43 @@ def _inspect(self:OracleShopper, asin:str):
        any(v not in axes.get(k, []) for k, v in self.opts.items()):
         return (yield 'click[< prev]'), False
     if self.feats:
-        state = yield 'click[features]'; text = ' '.join(state['content']).lower(); state = yield 'click[< prev]'
+        state = yield 'click[features]'
+        text = ' '.join(state['content']).lower()
+        state = yield 'click[< prev]'
         if not all(x.lower() in text for x in self.feats): return (yield 'click[< prev]'), False
     for k, v in self.opts.items():
         if next(o['selected'] for o in state['options'] if o['name'] == k) != v: state = yield f'click[{v}]'
-    if self.f.budget is not None and (state['price'] is None or state['price'] > self.f.budget): return (yield 'click[< prev]'), False
-    yield 'click[buy now]'; return state, True
+    if self.f.budget is not None and (state['price'] is None or state['price'] > self.f.budget):
+        return (yield 'click[< prev]'), False
+    yield 'click[buy now]'
+    return state, True
 
 # %% ../nbs/02c_shoppers.ipynb #5587bc69
 class ExpertShopper(OracleShopper):
-    "The teacher: parses the request into its requirements, then opens fitting result rows top to bottom until one passes every check."
+    "The teacher: parses the request into requirements, opens fitting rows top down until one passes every check."
     name = 'expert'
     def queries(self) -> list[str]:
-        "Everything the request names first, then brand, model and category, then category and features, then the category."
+        "Everything the request names, then brand, model and category, then category and features, then the category."
         named = [x for x in [self.brand, self.model] if x]
-        qs = [' '.join([*named, self.cat, *self.feats, *self.opts.values()]), ' '.join([*named, self.cat]), ' '.join([self.cat, *self.feats]), self.cat]
+        qs = [' '.join([*named, self.cat, *self.feats, *self.opts.values()]), ' '.join([*named, self.cat]),
+              ' '.join([self.cat, *self.feats]), self.cat]
         return list(dict.fromkeys(q for q in qs if q))
 
 # %% ../nbs/02c_shoppers.ipynb #bd9ada9e
 @patch
 def _script(self:ExpertShopper):
-    state = yield; self.checked = set()
+    state = yield
+    self.checked = set()
     for q in self.queries():
         if not state['search_available']: state = yield 'click[back to search]'
         state = yield f'search[{q}]'
         for _ in range(self.max_pages):
             for row in [r for r in state['results'] if self._row_fits(r) and r['asin'] not in self.checked]:
-                if self.steps + 5 + len(self.opts) > self.max_steps: yield 'finish[no product I could check in the steps left meets every requirement]'; return
-                self.checked.add(row['asin']); state, bought = yield from self._inspect(row['asin'])
+                if self.steps + 5 + len(self.opts) > self.max_steps:
+                    yield 'finish[no product I could check in the steps left meets every requirement]'
+                    return
+                self.checked.add(row['asin'])
+                state, bought = yield from self._inspect(row['asin'])
                 if bought: return
             if 'next >' not in state['clickables']: break
             state = yield 'click[next >]'
@@ -125,8 +148,9 @@ class RandomShopper:
         return f"search[{' '.join(self.rng.sample(self.words, min(2, len(self.words))))}]" if a == 'search' else a
 
 # %% ../nbs/02c_shoppers.ipynb #99611d6f
-STOP = set('a an the for me i im i\'m and or of with in to under at most no more than yuan please need want find get can you looking buy '
-           'that is which should be must by from made brand model option choose budget max less thanks searching'.split())
+STOP = set('a an the for me i im i\'m and or of with in to under at most no more than yuan please need want find get '
+           'can you looking buy that is which should be must by from made brand model option choose budget max less '
+           'thanks searching'.split())
 
 def content_words(text:str) -> set[str]:
     "Lowercased words of `text` without filler words; Chinese as bigrams."
@@ -146,30 +170,38 @@ class HeuristicShopper:
     def reset(self, task:Task):
         self.words, self.budget = content_words(task.instruction), budget_in(task.instruction)
         at = task.instruction.lower().find
-        self.query = ' '.join(sorted(self.words, key=lambda w: (at(w), w)))  # in the request's order; ties (a word inside another) by spelling
-        self.script = self._script(); next(self.script)
+        # in the request's order; ties (a word inside another) by spelling
+        self.query = ' '.join(sorted(self.words, key=lambda w: (at(w), w)))
+        self.script = self._script()
+        next(self.script)
     def act(self, state:dict) -> str: return self.script.send(state)
 
     def _wanted(self, state:dict) -> list[str]:
         "Option values on this product page that the request names."
-        return [v for o in state['options'] for v in o['values'] if content_words(v) and content_words(v) <= self.words and o['selected'] != v]
+        return [v for o in state['options'] for v in o['values']
+                if content_words(v) and content_words(v) <= self.words and o['selected'] != v]
 
     def _score(self, state:dict) -> float:
-        words = content_words(state['title'] + ' ' + state['brand'] + ' ' + ' '.join(o['selected'] or '' for o in state['options']))
+        chosen = ' '.join(o['selected'] or '' for o in state['options'])
+        words = content_words(state['title'] + ' ' + state['brand'] + ' ' + chosen)
         fits = self.budget is None or (state['price'] or 1e9) <= self.budget
         return len(words & self.words) + (100 if fits else 0)
 
 # %% ../nbs/02c_shoppers.ipynb #bd4e8c6c
 @patch
 def _script(self:HeuristicShopper):
-    state = yield; state = yield f'search[{self.query}]'
+    state = yield
+    state = yield f'search[{self.query}]'
     cands, scores = [r['asin'] for r in state.get('results', [])][:self.n_open], {}
     if not cands: yield 'finish[no results]'
     for a in cands:
         state = yield f'click[{a}]'
         for v in self._wanted(state): state = yield f'click[{v}]'
-        scores[a] = self._score(state); state = yield 'click[< prev]'
+        scores[a] = self._score(state)
+        state = yield 'click[< prev]'
     best = max(cands, key=lambda a: (scores[a], -cands.index(a)))
-    state = yield f'click[{best}]'; state = yield 'click[features]'; state = yield 'click[< prev]'
+    state = yield f'click[{best}]'
+    state = yield 'click[features]'
+    state = yield 'click[< prev]'
     for v in self._wanted(state): state = yield f'click[{v}]'
     yield 'click[buy now]'

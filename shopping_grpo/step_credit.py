@@ -12,16 +12,15 @@ from pathlib import Path
 from fastcore.basics import patch
 from .records import write_atomic
 from .policies import ExpertPolicy
-from .episode import Episode
-from .grpo import episode_valid, page_keys, played, last_checkpoint, CREDITS
+from .episode import Episode, episode_valid, page_keys, played
+from .grpo import register_credit, last_checkpoint
 
 # %% auto #0
 __all__ = ['DETOURS', 'NOWHERE', 'REFUSAL_PENALTY', 'STEP_SPREAD', 'tool_message', 'call_of', 'Detour', 'collect', 'turns_of',
            'divergence', 'turn_ends', 'feature_model', 'shared_length', 'turn_features', 'progress_head', 'head_values',
            'progress', 'sum_mse', 'fit_progress', 'refused_turns', 'Steps', 'episode_steps', 'normalised',
            'episode_advantages', 'spa_step_advantages', 'token_advantages', 'returns_to_go', 'step_rewards',
-           'step_group_advantages', 'StepCredit', 'StepGroupCredit', 'ProgressCredit', 'credit_advantages',
-           'turn_scores']
+           'step_group_advantages', 'StepCredit', 'StepGroupCredit', 'ProgressCredit', 'turn_scores']
 
 # %% ../nbs/06c_step_credit.ipynb #a97550a5
 DETOURS = ('distractor', 'refused', 'repeat')
@@ -29,27 +28,32 @@ NOWHERE = 'B000000000'  # an asin no results page lists: the guard refuses to op
 
 def tool_message(name:str, **args) -> dict:
     "An assistant message with one tool call."
-    return dict(role='assistant', content='', tool_calls=[dict(id='call_detour', type='function', function=dict(name=name, arguments=json.dumps(args)))])
+    return dict(role='assistant', content='',
+                tool_calls=[dict(id='call_detour', type='function',
+                                 function=dict(name=name, arguments=json.dumps(args)))])
 
 def call_of(msg:dict) -> tuple[str, dict]:
     "The tool name and arguments of an assistant message with one tool call."
-    f = msg['tool_calls'][0]['function']; return f['name'], json.loads(f['arguments'])
+    f = msg['tool_calls'][0]['function']
+    return f['name'], json.loads(f['arguments'])
 
 # %% ../nbs/06c_step_credit.ipynb #40457450
 class Detour:
-    "The expert shopper with one turn replaced (`kind` in DETOURS); `at` is the replaced turn (1-based), None when it never came."
+    "The expert shopper with one turn replaced (`kind` in DETOURS); `at`: the replaced turn (1-based) or None."
     def __init__(self, catalog, kind:str):
         if kind not in DETOURS: raise ValueError(f"unknown detour {kind!r}; known: {', '.join(DETOURS)}")
         self.expert, self.kind, self.name = ExpertPolicy(catalog), kind, f'expert+{kind}'
     def reset(self, task):
-        self.expert.reset(task); self.target, self.queue, self.turn, self.at, self.prev = task.facts.target_asin, [], 0, None, None
+        self.expert.reset(task)
+        self.target, self.queue, self.turn, self.at, self.prev = task.facts.target_asin, [], 0, None, None
     def reply(self, ep:Episode) -> dict:
         self.turn += 1
         if self.queue: return self.queue.pop(0)
         msg = self.expert.reply(ep)
         if self.at is None and (bad := self.detour(msg, ep.state)):
             self.at, msg, self.queue = self.turn, bad[0], bad[1:]
-        self.prev = msg; return msg
+        self.prev = msg
+        return msg
 
 # %% ../nbs/06c_step_credit.ipynb #61414ccf
 @patch
@@ -63,7 +67,8 @@ def detour(self:Detour, msg:dict, state:dict) -> list[dict]|None:
     return [tool_message('open_product', asin=other), tool_message('buy_now')] if other else None
 
 # %% ../nbs/06c_step_credit.ipynb #67d7e189
-def collect(shop, tasks, shoppers, renderer, lang:str='en', max_turns:int=35, max_context:int=8192, max_new_tokens:int=128) -> list[dict]:
+def collect(shop, tasks, shoppers, renderer, lang:str='en', max_turns:int=35, max_context:int=8192,
+            max_new_tokens:int=128) -> list[dict]:
     "Trajectory records (with ids) of each shopper on each task; `shopper` and `detour_turn` added."
     out = []
     for t in tasks:
@@ -80,42 +85,53 @@ def turns_of(rec:dict) -> list[list[int]]:
     return [rec['response_ids'][a:b] for a, b in rec['turn_spans']]
 
 def divergence(a:dict, b:dict) -> int|None:
-    "The first turn (0-based) where two episodes of one task differ, everything before it equal; None when one follows the other."
+    "The first turn (0-based) where two episodes of one task differ, all before it alike; None if one extends another."
     ta, tb = turns_of(a), turns_of(b)
     k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
-    if k is None or a['prompt_ids'] != b['prompt_ids'] or a['response_ids'][:a['turn_spans'][k][0]] != b['response_ids'][:b['turn_spans'][k][0]]: return None
+    if k is None or a['prompt_ids'] != b['prompt_ids']: return None
+    if a['response_ids'][:a['turn_spans'][k][0]] != b['response_ids'][:b['turn_spans'][k][0]]:
+        return None
     return k
 
 # %% ../nbs/06c_step_credit.ipynb #ee736313
 def turn_ends(rec:dict) -> list[int]:
     "Positions, in the episode's whole id sequence (prompt, then response), of each assistant turn's last token."
-    n = len(rec['prompt_ids']); return [n + b - 1 for a, b in rec['turn_spans']]
+    n = len(rec['prompt_ids'])
+    return [n + b - 1 for a, b in rec['turn_spans']]
 
 def feature_model(path, layers:int|None=None):
     "A causal LM in eval mode for hidden states, cut to its first `layers` decoder layers (None: all)."
     import torch
     from transformers import AutoModelForCausalLM
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    if layers: m.model.layers = m.model.layers[:layers]; m.config.num_hidden_layers = layers
+    if layers:
+        m.model.layers = m.model.layers[:layers]
+        m.config.num_hidden_layers = layers
     return m
 
 # %% ../nbs/06c_step_credit.ipynb #33c7bcde
 def shared_length(a:list[int], b:list[int]) -> int:
     "Length of the common beginning of two id lists."
-    n = min(len(a), len(b)); return next((i for i in range(n) if a[i] != b[i]), n)
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 def turn_features(model, recs:list[dict], base:bool=True, share:bool=True) -> list:
-    "Per episode, a (turns x width) float tensor: the last layer's hidden state at each turn's end; `base`: LoRA adapters off; `share`: reuse shared beginnings."
+    "Per episode, a (turns x width) float tensor: the last layer's hidden state at each turn's end."
+    # base: LoRA adapters off; share: reuse the cache of a shared beginning
     import torch
-    dev, was, seqs = next(model.parameters()).device, model.training, [r['prompt_ids'] + r['response_ids'] for r in recs]
+    dev, was = next(model.parameters()).device, model.training
+    seqs = [r['prompt_ids'] + r['response_ids'] for r in recs]
     off = model.disable_adapter() if base and hasattr(model, 'disable_adapter') else nullcontext()
-    out, prev, h, cache = [None] * len(recs), [], None, None; model.eval()
+    out, prev, h, cache = [None] * len(recs), [], None, None
+    model.eval()
     try:
         with off, torch.no_grad():
             for i in sorted(range(len(recs)), key=seqs.__getitem__):
                 n = min(shared_length(prev, seqs[i]), len(seqs[i]) - 1) if share else 0
-                if n and n < len(prev): cache.crop(n - len(prev))  # drop the previous episode's tokens after the shared part
-                o = model(input_ids=torch.tensor([seqs[i][n:]], device=dev), past_key_values=cache if n else None, use_cache=share,
+                # drop the previous episode's tokens after the shared part
+                if n and n < len(prev): cache.crop(n - len(prev))
+                o = model(input_ids=torch.tensor([seqs[i][n:]], device=dev), past_key_values=cache if n else None,
+                          use_cache=share,
                           output_hidden_states=True, logits_to_keep=1)
                 h = torch.cat([h[:n], o.hidden_states[-1][0]]) if n else o.hidden_states[-1][0]
                 prev, cache, out[i] = seqs[i], o.past_key_values, h[turn_ends(recs[i])].float().cpu()
@@ -124,12 +140,16 @@ def turn_features(model, recs:list[dict], base:bool=True, share:bool=True) -> li
 
 # %% ../nbs/06c_step_credit.ipynb #15dcbf86
 def progress_head(width:int, hidden:int=64, seed:int=0):
-    "A 2-layer MLP from a turn's hidden state to its progress, with buffers standardising its input (a fixed seed for its initial weights)."
+    "A 2-layer MLP from a turn's hidden state to its progress, with buffers standardising its input."
+    # a fixed seed for its initial weights
     import torch
     from torch import nn
     with torch.random.fork_rng():
-        torch.manual_seed(seed); head = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, 1))
-    head.register_buffer('mu', torch.zeros(width)); head.register_buffer('sd', torch.ones(width)); return head
+        torch.manual_seed(seed)
+        head = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, 1))
+    head.register_buffer('mu', torch.zeros(width))
+    head.register_buffer('sd', torch.ones(width))
+    return head
 
 def head_values(head, x):
     "The head's progress for a (turns x width) tensor of hidden states."
@@ -148,22 +168,26 @@ def sum_mse(head, feats:list, rewards:list[float]) -> float:
     return sum((float(p.sum()) - r)**2 for p, r in zip(progress(head, feats), rewards)) / max(1, len(feats))
 
 def fit_progress(head, feats:list, rewards:list[float], steps:int=300, lr:float=3e-3, weight_decay:float=0.01) -> float:
-    "Standardise on `feats`, then fit `head` so that each episode's per-turn values sum to its reward; the final mean squared error."
+    "Standardise on `feats`, then fit `head` so that each episode's per-turn values sum to its reward; the final MSE."
     import torch
     x, y = torch.cat(feats), torch.tensor(rewards, dtype=torch.float32)
-    head.mu.copy_(x.mean(0)); head.sd.copy_(x.std(0).nan_to_num(1.0).clamp_min(1e-3))
+    head.mu.copy_(x.mean(0))
+    head.sd.copy_(x.std(0).nan_to_num(1.0).clamp_min(1e-3))
     seg = torch.repeat_interleave(torch.arange(len(feats)), torch.tensor([len(f) for f in feats]))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(steps):
         sums = torch.zeros(len(feats)).index_add(0, seg, head_values(head, x))
-        loss = (sums - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+        loss = (sums - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     return sum_mse(head, feats, rewards)
 
 # %% ../nbs/06c_step_credit.ipynb #4fb05abd
 REFUSAL_PENALTY = 0.1  # subtracted from the step reward of a turn whose call was refused
 
 def refused_turns(events:list, n_turns:int) -> list[bool]:
-    "For each assistant turn, whether its call was refused: a tool error (no call, malformed, cut off) or a guard or shop rejection."
+    "For each assistant turn, whether its call was refused: a tool error (no call, malformed, cut off) or a rejection."
     bad = {e['turn'] for e in events if e['kind'] in ('tool_error', 'guard_rejection')}
     return [k in bad for k in range(1, n_turns + 1)]
 
@@ -172,7 +196,7 @@ def refused_turns(events:list, n_turns:int) -> list[bool]:
 class Steps:
     "An episode as step-level credit reads it."
     reward: float|None   # Reward v3 (None: not valid)
-    valid: bool          # scored by Reward v3 (06_grpo's episode_valid)
+    valid: bool          # scored by Reward v3 (03_agent's episode_valid)
     spans: list          # (start, end) of each assistant turn in the response ids
     keys: list           # key of the page each turn was written on
     refused: list        # whether each turn's call was refused
@@ -180,7 +204,8 @@ class Steps:
 def episode_steps(rec:dict) -> Steps:
     "The steps of a trajectory record."
     n = len(rec['turn_spans'])
-    return Steps(rec['reward'], episode_valid(rec), [tuple(s) for s in rec['turn_spans']], page_keys(rec)[:n], refused_turns(rec['events'], n))
+    return Steps(rec['reward'], episode_valid(rec), [tuple(s) for s in rec['turn_spans']], page_keys(rec)[:n],
+                 refused_turns(rec['events'], n))
 
 # %% ../nbs/06c_step_credit.ipynb #9bb12b93
 STEP_SPREAD = 0.05  # least spread a step term is divided by
@@ -189,11 +214,12 @@ def normalised(xs:list[float], min_spread:float=0.0) -> list[float]:
     "(x - mean) / (max(std, min_spread) + 1e-4), unbiased std; zeros for fewer than two values."
     n = len(xs)
     if n < 2: return [0.0] * n
-    m = sum(xs) / n; sd = math.sqrt(sum((x - m)**2 for x in xs) / (n - 1))
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m)**2 for x in xs) / (n - 1))
     return [(x - m) / (max(sd, min_spread) + 1e-4) for x in xs]
 
 def episode_advantages(steps:list[Steps], group_size:int) -> list[float]:
-    "GRPO's advantage of each episode (consecutive groups of `group_size`): its valid rewards normalised; 0 for one not valid."
+    "GRPO's advantage of each episode (consecutive groups of `group_size`): valid rewards normalised; 0 if not valid."
     out = [0.0] * len(steps)
     for g in range(0, len(steps), group_size):
         idx = [i for i in range(g, g + group_size) if steps[i].valid]
@@ -201,8 +227,9 @@ def episode_advantages(steps:list[Steps], group_size:int) -> list[float]:
     return out
 
 # %% ../nbs/06c_step_credit.ipynb #fb117b39
-def spa_step_advantages(steps:list[Steps], prog:list, group_size:int, refusal_penalty:float=REFUSAL_PENALTY, min_spread:float=STEP_SPREAD) -> list[list[float]]:
-    "Per episode and turn: the dense step reward (progress, less the penalty where refused), normalised over the group's valid turns."
+def spa_step_advantages(steps:list[Steps], prog:list, group_size:int, refusal_penalty:float=REFUSAL_PENALTY,
+                        min_spread:float=STEP_SPREAD) -> list[list[float]]:
+    "Per episode and turn: the dense step reward (progress less the refusal penalty), normalised over a group's turns."
     out = [[0.0] * len(s.spans) for s in steps]
     for g in range(0, len(steps), group_size):
         idx = [(i, k) for i in range(g, g + group_size) if steps[i].valid for k in range(len(steps[i].spans))]
@@ -212,7 +239,7 @@ def spa_step_advantages(steps:list[Steps], prog:list, group_size:int, refusal_pe
 
 # %% ../nbs/06c_step_credit.ipynb #15b3c055
 def token_advantages(episode_adv:list[float], steps:list[Steps], step_adv:list[list[float]], weight:float, shape:tuple):
-    "Per-token advantages (batch x tokens): episode advantage + weight x step advantage on each turn's tokens; 0 elsewhere."
+    "Per-token advantages (batch x tokens): episode advantage + weight x step advantage on turn tokens; 0 elsewhere."
     import torch
     A = torch.zeros(shape)
     for i, s in enumerate(steps):
@@ -224,7 +251,9 @@ def token_advantages(episode_adv:list[float], steps:list[Steps], step_adv:list[l
 def returns_to_go(rewards:list[float], gamma:float) -> list[float]:
     "Discounted return from each step to the end."
     out, g = [], 0.0
-    for r in reversed(rewards): g = r + gamma * g; out.append(g)
+    for r in reversed(rewards):
+        g = r + gamma * g
+        out.append(g)
     return out[::-1]
 
 def step_rewards(s:Steps, refusal_penalty:float=REFUSAL_PENALTY) -> list[float]:
@@ -236,15 +265,18 @@ def step_rewards(s:Steps, refusal_penalty:float=REFUSAL_PENALTY) -> list[float]:
 # %% ../nbs/06c_step_credit.ipynb #0923335a
 def step_group_advantages(steps:list[Steps], group_size:int, gamma:float=0.95, refusal_penalty:float=REFUSAL_PENALTY,
                           min_spread:float=STEP_SPREAD) -> tuple[list[list[float]], dict]:
-    "Per episode and turn: the return normalised among the group's turns written on the same page; and how many such state groups there were."
+    "Per episode and turn: the return normalised among the group's turns written on the same page; the group counts."
     out, n_groups, grouped = [[0.0] * len(s.spans) for s in steps], 0, 0
     for g in range(0, len(steps), group_size):
         by = defaultdict(list)
         for i in range(g, g + group_size):
             if not steps[i].valid: continue
-            for k, (key, G) in enumerate(zip(steps[i].keys, returns_to_go(step_rewards(steps[i], refusal_penalty), gamma))): by[key].append((i, k, G))
+            returns = returns_to_go(step_rewards(steps[i], refusal_penalty), gamma)
+            for k, (key, G) in enumerate(zip(steps[i].keys, returns)): by[key].append((i, k, G))
         for members in by.values():
-            if len(members) > 1: n_groups += 1; grouped += len(members)
+            if len(members) > 1:
+                n_groups += 1
+                grouped += len(members)
             for (i, k, _), a in zip(members, normalised([G for *_, G in members], min_spread)): out[i][k] = a
     return out, dict(state_groups=n_groups, grouped_turns=grouped)
 
@@ -252,10 +284,14 @@ def step_group_advantages(steps:list[Steps], group_size:int, gamma:float=0.95, r
 class StepCredit:
     "An `advantage_fn`: GRPO's episode advantages plus `weight` x a step term on each turn's tokens."
     name = None
-    def __init__(self, weight:float=1.0, refusal_penalty:float=REFUSAL_PENALTY, min_spread:float=STEP_SPREAD, group_size:int|None=None):
-        self.weight, self.refusal_penalty, self.min_spread, self.group_size = weight, refusal_penalty, min_spread, group_size
+    def __init__(self, weight:float=1.0, refusal_penalty:float=REFUSAL_PENALTY, min_spread:float=STEP_SPREAD,
+                 group_size:int|None=None):
+        self.weight, self.refusal_penalty, self.min_spread = weight, refusal_penalty, min_spread
+        self.group_size = group_size
         self.trainer, self.model, self.last = None, None, {}
-    def settings(self) -> dict: return dict(credit=self.name, weight=self.weight, refusal_penalty=self.refusal_penalty, min_spread=self.min_spread)
+    def settings(self) -> dict:
+        return dict(credit=self.name, weight=self.weight, refusal_penalty=self.refusal_penalty,
+                    min_spread=self.min_spread)
     def bind(self, trainer):
         "Attach to the engine's trainer: its model, group size, output folder and step figures."
         self.trainer, self.model, self.group_size = trainer, trainer.model, trainer.args.num_generations
@@ -269,7 +305,8 @@ def __call__(self:StepCredit, out:dict, episodes:list[dict]):
     step_adv, figs = self.step_advantages(episodes, steps)
     A = token_advantages(out['advantages'].tolist(), steps, step_adv, self.weight, tuple(out['completion_ids'].shape))
     terms = [abs(x) for row, s in zip(step_adv, steps) if s.valid for x in row]
-    self.log(dict(figs, credit_step_term=sum(terms) / max(1, len(terms)) * self.weight, credit_refused_turns=sum(sum(s.refused) for s in steps),
+    self.log(dict(figs, credit_step_term=sum(terms) / max(1, len(terms)) * self.weight,
+                  credit_refused_turns=sum(sum(s.refused) for s in steps),
                   credit_s=time.time() - t0))
     return A.to(out['advantages'].device)
 
@@ -277,29 +314,38 @@ def __call__(self:StepCredit, out:dict, episodes:list[dict]):
 def log(self:StepCredit, figs:dict):
     "Keep the step's figures (prefixed credit_) where the engine's step record picks them up."
     self.last = {k if k.startswith('credit') else f'credit_{k}': v for k, v in figs.items()}
-    if self.trainer is not None: self.trainer.rollout_func.stats.setdefault(self.trainer.state.global_step + 1, {}).update(self.last)
+    if self.trainer is not None:
+        self.trainer.rollout_func.stats.setdefault(self.trainer.state.global_step + 1, {}).update(self.last)
 
 # %% ../nbs/06c_step_credit.ipynb #fddf55d3
+@register_credit('steps')
 class StepGroupCredit(StepCredit):
     "credit='steps': actions compared with the others taken from the same page across the group."
     name = 'steps'
-    def __init__(self, gamma:float=0.95, **kw): super().__init__(**kw); self.gamma = gamma
+    def __init__(self, gamma:float=0.95, **kw):
+        super().__init__(**kw)
+        self.gamma = gamma
     def settings(self) -> dict: return super().settings() | dict(gamma=self.gamma)
-    def step_advantages(self, episodes, steps): return step_group_advantages(steps, self.group_size, self.gamma, self.refusal_penalty, self.min_spread)
+    def step_advantages(self, episodes, steps):
+        return step_group_advantages(steps, self.group_size, self.gamma, self.refusal_penalty, self.min_spread)
 
 # %% ../nbs/06c_step_credit.ipynb #06e96752
+@register_credit('spa')
 class ProgressCredit(StepCredit):
     "credit='spa': the dense step reward of a progress head fitted online on the start model's hidden states."
     name = 'spa'
     def __init__(self, hidden:int=64, fit_steps:int=100, lr:float=3e-3, buffer:int=256, seed:int=0, **kw):
-        super().__init__(**kw); self.hidden, self.fit_steps, self.lr, self.buffer_size, self.seed = hidden, fit_steps, lr, buffer, seed
+        super().__init__(**kw)
+        self.hidden, self.fit_steps, self.lr, self.buffer_size, self.seed = hidden, fit_steps, lr, buffer, seed
         self.head, self.buffer = None, []
-    def settings(self) -> dict: return super().settings() | dict(hidden=self.hidden, fit_steps=self.fit_steps, lr=self.lr, buffer=self.buffer_size)
+    def settings(self) -> dict:
+        return super().settings() | dict(hidden=self.hidden, fit_steps=self.fit_steps, lr=self.lr,
+                                         buffer=self.buffer_size)
 
 # %% ../nbs/06c_step_credit.ipynb #6f0ec12d
 @patch
 def learn(self:ProgressCredit, feats:list, rewards:list[float]) -> float:
-    "Add episodes to the buffer (the most recent `buffer` kept) and fit the head on it; the buffer's mean squared error."
+    "Add episodes to the buffer (the most recent `buffer` kept) and fit the head on it; the buffer's MSE."
     self.buffer = (self.buffer + list(zip(feats, rewards)))[-self.buffer_size:]
     if self.head is None: self.head = progress_head(feats[0].shape[1], self.hidden, self.seed)
     return fit_progress(self.head, [f for f, _ in self.buffer], [r for _, r in self.buffer], self.fit_steps, self.lr)
@@ -307,11 +353,14 @@ def learn(self:ProgressCredit, feats:list, rewards:list[float]) -> float:
 @patch
 def step_advantages(self:ProgressCredit, episodes:list[dict], steps:list[Steps]):
     "Per-turn step advantages from the progress head, after learning from these episodes."
-    live = [i for i, s in enumerate(steps) if s.valid and s.spans]; prog = [None] * len(steps)
-    feats = turn_features(self.model, [episodes[i] for i in live]); t0 = time.time()
+    live = [i for i, s in enumerate(steps) if s.valid and s.spans]
+    prog = [None] * len(steps)
+    feats = turn_features(self.model, [episodes[i] for i in live])
+    t0 = time.time()
     mse = self.learn(feats, [steps[i].reward for i in live]) if live else None
     for i, p in zip(live, progress(self.head, feats)): prog[i] = p.tolist()
-    return spa_step_advantages(steps, prog, self.group_size, self.refusal_penalty, self.min_spread), dict(fit_mse=mse, buffer=len(self.buffer), fit_s=time.time() - t0)
+    return spa_step_advantages(steps, prog, self.group_size, self.refusal_penalty,
+                               self.min_spread), dict(fit_mse=mse, buffer=len(self.buffer), fit_s=time.time() - t0)
 
 # %% ../nbs/06c_step_credit.ipynb #6ab8f1a9
 @patch
@@ -320,7 +369,8 @@ def save(self:ProgressCredit, folder):
     import torch
     if self.head is None: return
     tmp = Path(folder)/'progress_head.pt.tmp'
-    torch.save(dict(head=self.head.state_dict(), width=self.head[0].in_features, buffer=self.buffer), tmp); os.replace(tmp, Path(folder)/'progress_head.pt')
+    torch.save(dict(head=self.head.state_dict(), width=self.head[0].in_features, buffer=self.buffer), tmp)
+    os.replace(tmp, Path(folder)/'progress_head.pt')
 
 @patch
 def load(self:ProgressCredit, folder) -> bool:
@@ -328,29 +378,29 @@ def load(self:ProgressCredit, folder) -> bool:
     import torch
     p = Path(folder)/'progress_head.pt'
     if not p.exists(): return False
-    s = torch.load(p, weights_only=True); self.head = progress_head(s['width'], self.hidden, self.seed)
-    self.head.load_state_dict(s['head']); self.buffer = [tuple(x) for x in s['buffer']]; return True
+    s = torch.load(p, weights_only=True)
+    self.head = progress_head(s['width'], self.hidden, self.seed)
+    self.head.load_state_dict(s['head'])
+    self.buffer = [tuple(x) for x in s['buffer']]
+    return True
 
 # %% ../nbs/06c_step_credit.ipynb #1cb74cb4
 @patch
 def bind(self:ProgressCredit, trainer):
     "As `StepCredit.bind`; also resume the head from the run's last checkpoint and save it with every new one."
     from transformers import TrainerCallback
-    StepCredit.bind(self, trainer); credit = self
+    StepCredit.bind(self, trainer)
+    credit = self
     if ck := last_checkpoint(trainer.args.output_dir): self.resumed = self.load(ck)
     class SaveHead(TrainerCallback):
-        def on_save(self, args, state, control, **kw): credit.save(Path(args.output_dir)/f'checkpoint-{state.global_step}')
+        def on_save(self, args, state, control, **kw):
+            credit.save(Path(args.output_dir)/f'checkpoint-{state.global_step}')
     trainer.add_callback(SaveHead())
-
-# %% ../nbs/06c_step_credit.ipynb #f6b95f05
-def credit_advantages(credit:str, **kw):
-    "The engine's `advantage_fn` for a credit variant: None for 'episode' (GRPO as TRL computes it)."
-    if credit not in CREDITS: raise ValueError(f"unknown credit {credit!r}; known: {', '.join(CREDITS)}")
-    return {'episode': lambda **kw: None, 'spa': ProgressCredit, 'steps': StepGroupCredit}[credit](**kw)
 
 # %% ../nbs/06c_step_credit.ipynb #401cafc6
 def turn_scores(episode, progress:list[float]|None=None, refusal_penalty:float=REFUSAL_PENALTY) -> list[float]:
-    "Per assistant turn of an `Episode` or a record: progress (0 without one) less the penalty where the call was refused."
-    events, n = (episode['events'], episode['n_turns']) if isinstance(episode, dict) else ([vars(e) for e in episode.events], episode.turn)
+    "Per assistant turn of an `Episode` or a record: progress (0 without one) less the penalty where refused."
+    events, n = (episode['events'],
+                 episode['n_turns']) if isinstance(episode, dict) else ([vars(e) for e in episode.events], episode.turn)
     p = list(progress) if progress is not None else [0.0] * n
     return [float(x) - refusal_penalty * r for x, r in zip(p, refused_turns(events, n))]

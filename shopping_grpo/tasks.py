@@ -31,13 +31,18 @@ class TaskFacts:
     @property
     def n_constraints(self) -> int:
         "Constraints beyond the category; a task's stratum."
-        return sum(x is not None for x in (self.budget, self.brand, self.model)) + len(self.features) + len(self.options)
+        named = sum(x is not None for x in (self.budget, self.brand, self.model))
+        return named + len(self.features) + len(self.options)
 
 # %% ../nbs/01_tasks.ipynb #7f96bec6
 @dataclass
 class Task:
     "A shopper's request and its private facts."
-    task_id: str; split: str; lang: str; instruction: str; facts: TaskFacts
+    task_id: str
+    split: str
+    lang: str
+    instruction: str
+    facts: TaskFacts
 
     def as_dict(self) -> dict: return asdict(self)
     @classmethod
@@ -62,13 +67,14 @@ def satisfies(p:dict, f:TaskFacts) -> bool:
 # %% ../nbs/01_tasks.ipynb #68ca4741
 PHRASES = {
  'en': dict(
-   open=["I'm looking for {a} {cat}", "Find me {a} {cat}", "Need {a} {cat}", "Can you get me {a} {cat}", "Looking to buy {a} {cat}",
-         "{A} {cat}, please", "Searching for {a} {cat}", "I want {a} {cat}"],
+   open=["I'm looking for {a} {cat}", "Find me {a} {cat}", "Need {a} {cat}", "Can you get me {a} {cat}",
+         "Looking to buy {a} {cat}", "{A} {cat}, please", "Searching for {a} {cat}", "I want {a} {cat}"],
    brand=["from {x}", "by {x}", "made by {x}", "of the {x} brand"],
    model=["model {x}", "the {x} model", "(model {x})"],
    features=["that is {x}", "with {x}", "which should be {x}", "must be {x}"],
    options=["in {x}", "with {x} option", "{axis}: {x}", "choose {x}"],
-   budget=["under {x} yuan", "no more than {x} yuan", "at most {x} yuan", "budget {x} yuan max", "for {x} yuan or less"],
+   budget=["under {x} yuan", "no more than {x} yuan", "at most {x} yuan", "budget {x} yuan max",
+           "for {x} yuan or less"],
    sep=[", ", " ", "; "], end=[".", "", "!", ", thanks."], and_=' and '),
  'zh': dict(
    open=["我想买{cat}", "帮我找{cat}", "需要{cat}", "求推荐{cat}", "想入手{cat}", "买{cat}"],
@@ -95,7 +101,9 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     rng.shuffle(parts)
     if f.budget is not None: parts.append(rng.choice(t['budget']).format(x=f"{f.budget:g}"))
     head = rng.choice(t['open']).format(a=_article(cat), A=_article(cat).capitalize(), cat=cat)
-    return head + (' ' if lang == 'en' else '，') + rng.choice(t['sep']).join(parts) + rng.choice(t['end']) if parts else head + '.'
+    if not parts: return head + '.'
+    space = ' ' if lang == 'en' else '，'
+    return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
 
 # %% ../nbs/01_tasks.ipynb #399c55bd
 class CategoryIndex:
@@ -103,7 +111,8 @@ class CategoryIndex:
     def __init__(self, catalog:Catalog):
         cols = ['asin', 'category', 'brand_key', 'model', 'feature_keys', 'axes', 'price']
         self.by_cat = {}
-        for i, r in enumerate(catalog.df.select(cols).iter_rows(named=True)): self.by_cat.setdefault(r['category'], []).append(r)
+        for i, r in enumerate(catalog.df.select(cols).iter_rows(named=True)):
+            self.by_cat.setdefault(r['category'], []).append(r)
     def matching(self, f:TaskFacts) -> list[str]:
         "Asins of every product meeting `f`."
         return [r['asin'] for r in self.by_cat.get(f.category, []) if satisfies(r, f)]
@@ -116,7 +125,8 @@ def _draw_facts(p:dict, rng:random.Random) -> TaskFacts:
     if rng.random() < 0.85: f.features = sorted(rng.sample(p['feature_keys'], rng.choice([1, 1, 2])))
     axes = p['axes'] or []
     if axes and rng.random() < 0.75:
-        for a in rng.sample(axes, min(len(axes), rng.choice([1, 1, 2]))): f.options[a['key']] = rng.choice(a['value_keys'])
+        for a in rng.sample(axes, min(len(axes), rng.choice([1, 1, 2]))):
+            f.options[a['key']] = rng.choice(a['value_keys'])
     f.target_price = variant_price(p, f.options)
     if rng.random() < 0.6: f.budget = float(int(f.target_price*rng.uniform(1.02, 1.25)) + 1)
     return f
@@ -124,15 +134,18 @@ def _draw_facts(p:dict, rng:random.Random) -> TaskFacts:
 def _tighten(f:TaskFacts, p:dict, rng:random.Random) -> bool:
     "Add one more constraint that `p` meets; False when none is left."
     free = [k for k in p['feature_keys'] if k not in f.features]
-    choices = (['budget'] if f.budget is None else []) + (['brand'] if f.brand is None else []) + (['feature'] if free and len(f.features) < 3 else []) + \
-              [a for a in p['axes'] or [] if a['key'] not in f.options] + (['model'] if f.model is None else [])
+    choices = ((['budget'] if f.budget is None else []) + (['brand'] if f.brand is None else [])
+               + (['feature'] if free and len(f.features) < 3 else [])
+               + [a for a in p['axes'] or [] if a['key'] not in f.options] + (['model'] if f.model is None else []))
     if not choices: return False
     c = rng.choice(choices[:-1] or choices) if len(choices) > 1 else choices[0]
     if c == 'budget': f.budget = float(int(f.target_price*rng.uniform(1.02, 1.12)) + 1)
     elif c == 'brand': f.brand = p['brand_key']
     elif c == 'model': f.model = p['model']
     elif c == 'feature': f.features = sorted(f.features + [rng.choice(free)])
-    else: f.options[c['key']] = rng.choice(c['value_keys']); f.target_price = variant_price(p, f.options)
+    else:
+        f.options[c['key']] = rng.choice(c['value_keys'])
+        f.target_price = variant_price(p, f.options)
     if f.budget is not None and f.target_price > f.budget: f.budget = float(int(f.target_price*1.1) + 1)
     return True
 
@@ -158,20 +171,26 @@ def split_of_cluster(cluster:int, seed:int) -> str:
     return SPLITS[-1]
 
 # %% ../nbs/01_tasks.ipynb #b3b0cd13
-def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, progress:bool=False) -> dict[str, list[Task]]:
+def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None,
+               progress:bool=False) -> dict[str, list[Task]]:
     "Tasks for every split in `sizes`, deterministic in `seed`; targets drawn from each split's clusters."
     from tqdm.auto import tqdm
     lang, rng, cats = lang or catalog.lang, random.Random(seed), CategoryIndex(catalog)
-    order = list(range(len(catalog))); rng.shuffle(order)
-    clusters = catalog.df['cluster'].to_list(); out = {s: [] for s in sizes}
+    order = list(range(len(catalog)))
+    rng.shuffle(order)
+    clusters = catalog.df['cluster'].to_list()
+    out = {s: [] for s in sizes}
     bar = tqdm(total=sum(sizes.values()), desc='tasks', disable=not progress)
     for r in order:
         s = split_of_cluster(clusters[r], seed)
         if s not in out or len(out[s]) >= sizes[s]: continue
         t = make_task(catalog.product(r), cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
-        if t: out[s].append(t); bar.update()
+        if t:
+            out[s].append(t)
+            bar.update()
         if all(len(out[k]) >= sizes[k] for k in sizes): break
-    if short := {k: len(v) for k, v in out.items() if len(v) < sizes[k]}: raise ValueError(f"catalog too small for the split sizes: {short}")
+    short = {k: len(v) for k, v in out.items() if len(v) < sizes[k]}
+    if short: raise ValueError(f"catalog too small for the split sizes: {short}")
     return out
 
 # %% ../nbs/01_tasks.ipynb #7fe74063
@@ -179,9 +198,12 @@ TASKS_VERSION = 1
 
 def write_tasks(path, tasks:list[Task], catalog:Catalog) -> str:
     "Write tasks as JSONL with a header; returns the file's SHA-256."
-    head = dict(format='shopping_grpo.tasks', version=TASKS_VERSION, catalog_sha256=catalog.sha256, lang=catalog.lang, n=len(tasks))
-    lines = [json.dumps(head, ensure_ascii=False)] + [json.dumps(t.as_dict(), ensure_ascii=False, sort_keys=True) for t in tasks]
-    write_atomic(path, '\n'.join(lines) + '\n'); return sha256_file(path)
+    head = dict(format='shopping_grpo.tasks', version=TASKS_VERSION, catalog_sha256=catalog.sha256, lang=catalog.lang,
+                n=len(tasks))
+    rows = [json.dumps(t.as_dict(), ensure_ascii=False, sort_keys=True) for t in tasks]
+    lines = [json.dumps(head, ensure_ascii=False)] + rows
+    write_atomic(path, '\n'.join(lines) + '\n')
+    return sha256_file(path)
 
 def read_tasks(path, catalog:Catalog|None=None) -> list[Task]:
     "Tasks from a JSONL file, checked against its header and, if given, the catalog."
@@ -190,8 +212,10 @@ def read_tasks(path, catalog:Catalog|None=None) -> list[Task]:
     if head.get('format') != 'shopping_grpo.tasks' or head.get('version') != TASKS_VERSION:
         raise ValueError(f"{path}: not a version-{TASKS_VERSION} task file (header {str(head)[:100]})")
     if catalog is not None and head['catalog_sha256'] != catalog.sha256:
-        raise ValueError(f"{path} was made for catalog {head['catalog_sha256'][:12]}, not this one ({catalog.sha256[:12]})")
-    if len(lines) - 1 != head['n']: raise ValueError(f"{path}: header says {head['n']} tasks, file has {len(lines) - 1}")
+        made_for = head['catalog_sha256'][:12]
+        raise ValueError(f"{path} was made for catalog {made_for}, not this one ({catalog.sha256[:12]})")
+    if len(lines) - 1 != head['n']:
+        raise ValueError(f"{path}: header says {head['n']} tasks, file has {len(lines) - 1}")
     return [Task.from_dict(json.loads(l)) for l in lines[1:]]
 
 # %% ../nbs/01_tasks.ipynb #ea55d856
@@ -199,10 +223,14 @@ BENCHMARK = dict(n_products=20_000, seed=0, task_seed=1, n_tasks=200)
 
 def load_benchmark(catalog:Catalog, lang:str|None=None) -> list[Task]:
     "The frozen benchmark, verified against `data/benchmark.sha256` and the catalog."
-    lang = lang or catalog.lang; path = data_dir()/f'benchmark_{lang}.jsonl'
+    lang = lang or catalog.lang
+    path = data_dir()/f'benchmark_{lang}.jsonl'
     if not path.exists(): raise FileNotFoundError(f"no frozen benchmark at {path}")
     want = json.loads((data_dir()/'benchmark.sha256').read_text())
-    if (h := sha256_file(path)) != want.get(path.name): raise ValueError(f"{path} has SHA-256 {h[:12]}, expected {want.get(path.name, '?')[:12]}: the benchmark was modified")
+    h = sha256_file(path)
+    if h != want.get(path.name):
+        expected = want.get(path.name, '?')[:12]
+        raise ValueError(f"{path} has SHA-256 {h[:12]}, expected {expected}: the benchmark was modified")
     return read_tasks(path, catalog)
 
 # %% ../nbs/01_tasks.ipynb #424b1622
@@ -219,8 +247,12 @@ def freeze_benchmark(run_dir, langs=LANGS, out_dir=None) -> dict:
     b, out, hashes = BENCHMARK, Path(out_dir or data_dir()), {}
     build_catalog(Path(run_dir)/'catalog', b['n_products'], b['seed'])
     for lg in langs:
-        cat = Catalog.load(Path(run_dir)/'catalog', lg); cats = CategoryIndex(cat)
-        ts = make_tasks(cat, dict(sft=1500, grpo_train=1000, grpo_val=100, eval=b['n_tasks']), b['task_seed'], lg)['eval']
-        if bad := {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}: raise ValueError(f"benchmark tasks fail verification: {bad}")
+        cat = Catalog.load(Path(run_dir)/'catalog', lg)
+        cats = CategoryIndex(cat)
+        sizes = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=b['n_tasks'])
+        ts = make_tasks(cat, sizes, b['task_seed'], lg)['eval']
+        bad = {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}
+        if bad: raise ValueError(f"benchmark tasks fail verification: {bad}")
         hashes[f'benchmark_{lg}.jsonl'] = write_tasks(out/f'benchmark_{lg}.jsonl', ts, cat)
-    write_atomic(out/'benchmark.sha256', json.dumps(hashes, indent=1) + '\n'); return hashes
+    write_atomic(out/'benchmark.sha256', json.dumps(hashes, indent=1) + '\n')
+    return hashes

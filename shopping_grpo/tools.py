@@ -15,11 +15,15 @@ __all__ = ['TOOL_SPECS', 'VIEW', 'BUTTON', 'SYSTEM_PROMPT', 'PAGE_BUDGETS', 'too
 # %% ../nbs/02d_tools.ipynb #80f1bcee
 TOOL_SPECS = {  # name: ({argument: (en, zh)}, (en, zh))
     'search_products': ({'query': ('search words, short and specific', '搜索关键词，简短具体')},
-                        ('Search the shop. Only on the search page or a results page.', '搜索商品。仅在搜索页或结果页可用。')),
-    'open_product': ({'asin': ('asin of a product listed on the current results page', '当前结果页上列出的商品 asin')},
+                        ('Search the shop. Only on the search page or a results page.',
+                         '搜索商品。仅在搜索页或结果页可用。')),
+    'open_product': ({'asin': ('asin of a product listed on the current results page',
+                               '当前结果页上列出的商品 asin')},
                      ('Open a product page from the current results.', '从当前结果中打开商品页。')),
-    'select_option': ({'value': ('an option value shown on the open product page', '当前商品页上显示的选项值')},
-                      ('Choose an option (colour, size, ...) of the open product; the price updates.', '选择当前商品的选项（颜色、尺寸等），价格随之更新。')),
+    'select_option': ({'value': ('an option value shown on the open product page',
+                                 '当前商品页上显示的选项值')},
+                      ('Choose an option (colour, size, ...) of the open product; the price updates.',
+                       '选择当前商品的选项（颜色、尺寸等），价格随之更新。')),
     'view_description': ({}, ('Read the open product\'s description.', '查看当前商品的描述。')),
     'view_features': ({}, ('Read the open product\'s feature list.', '查看当前商品的功能特点。')),
     'view_reviews': ({}, ('Read the open product\'s reviews.', '查看当前商品的评价。')),
@@ -27,9 +31,11 @@ TOOL_SPECS = {  # name: ({argument: (en, zh)}, (en, zh))
     'next_page': ({}, ('Show the next page of results.', '查看下一页结果。')),
     'prev_page': ({}, ('Go back one page (or to the previous results page).', '返回上一页。')),
     'back_to_search': ({}, ('Return to the search box.', '回到搜索框。')),
-    'buy_now': ({}, ('Buy the open product with the selected options. Ends the episode.', '按所选选项购买当前商品，结束任务。')),
+    'buy_now': ({}, ('Buy the open product with the selected options. Ends the episode.',
+                     '按所选选项购买当前商品，结束任务。')),
     'finish_without_purchase': ({'reason': ('why nothing in the shop fits', '为什么没有合适的商品')},
-                                ('Stop without buying, when nothing fits after searching and comparing.', '搜索比较后仍无合适商品时，不购买并结束。')),
+                                ('Stop without buying, when nothing fits after searching and comparing.',
+                                 '搜索比较后仍无合适商品时，不购买并结束。')),
 }
 
 def tool_schemas(lang:str='en') -> list[dict]:
@@ -51,29 +57,45 @@ def to_action(name:str, args:dict) -> str:
     return f"click[{VIEW.get(name) or BUTTON[name]}]"
 
 # %% ../nbs/02d_tools.ipynb #8b571a2f
-SYSTEM_PROMPT = {
- 'en': """You are a careful shopping assistant in an online shop. A shopper tells you what they want; find it and buy it.
-Priorities when choosing, most important first: the right category; a price within the budget (the price of the variant you select); the requested brand; the requested model and functions; the requested options.
-How the shop works: search from the search page or a results page; open a product from the current results; on a product page you can select options, read the description, features, reviews or attributes, and buy. To search again from a product page, go back to search first.
-Check the details before buying: titles of similar products look alike. Choose every option the shopper asked for. If after at least two searches and two opened products nothing fits, finish without purchase and say why.
-Call exactly one tool per reply.""",
- 'zh': """你是网上商店里细心的购物助手。顾客说出需求，你负责找到并购买合适的商品。
-选择时的优先级（从高到低）：品类正确；价格在预算以内（以所选规格的价格为准）；指定品牌；指定型号和功能；指定选项。
-商店规则：在搜索页或结果页可以搜索；从当前结果中打开商品；在商品页可以选择选项、查看描述、功能、评价或属性，并购买。在商品页想重新搜索，需要先返回搜索。
-购买前请核对细节：相似商品的标题很像。顾客要求的选项都要选上。如果至少搜索两次、打开两个商品后仍没有合适的，就不购买并说明原因。
-每次回复只调用一个工具。""",
+SYSTEM_PROMPT = {  # one line of the prompt per item
+ 'en': '\n'.join([
+    "You are a careful shopping assistant in an online shop. A shopper tells you what they want; find it and buy it.",
+    "Priorities when choosing, most important first: the right category; a price within the budget "
+    "(the price of the variant you select); the requested brand; the requested model and functions; "
+    "the requested options.",
+    "How the shop works: search from the search page or a results page; open a product from the current results; "
+    "on a product page you can select options, read the description, features, reviews or attributes, and buy. "
+    "To search again from a product page, go back to search first.",
+    "Check the details before buying: titles of similar products look alike. "
+    "Choose every option the shopper asked for. "
+    "If after at least two searches and two opened products nothing fits, finish without purchase and say why.",
+    "Call exactly one tool per reply."]),
+ 'zh': '\n'.join([
+    "你是网上商店里细心的购物助手。顾客说出需求，你负责找到并购买合适的商品。",
+    "选择时的优先级（从高到低）：品类正确；"
+    "价格在预算以内（以所选规格的价格为准）；"
+    "指定品牌；指定型号和功能；指定选项。",
+    "商店规则：在搜索页或结果页可以搜索；从当前结果中打开商品；"
+    "在商品页可以选择选项、查看描述、功能、评价或属性，并购买。"
+    "在商品页想重新搜索，需要先返回搜索。",
+    "购买前请核对细节：相似商品的标题很像。顾客要求的选项都要选上。"
+    "如果至少搜索两次、打开两个商品后仍没有合适的，就不购买并说明原因。",
+    "每次回复只调用一个工具。"]),
 }
 
 # %% ../nbs/02d_tools.ipynb #d4fbb6fa
 @dataclass
 class ToolCall:
     "A parsed tool call."
-    name: str; arguments: dict; source: str  # source: 'tool_calls' | 'hermes' | 'text'
+    name: str
+    arguments: dict
+    source: str  # 'tool_calls' | 'hermes' | 'text'
 
 @dataclass
 class ReplyError:
     "Why a reply holds no usable tool call."
-    kind: str; message: str  # kind: 'empty' | 'malformed' | 'no_call' | 'truncated'
+    kind: str  # 'empty' | 'malformed' | 'no_call' | 'truncated'
+    message: str
 
 _ASIN = re.compile(r'^[A-Z0-9]{10}$')
 
@@ -81,15 +103,18 @@ def from_text_action(verb:str, arg:str) -> ToolCall:
     "A WebShop text action as a tool call."
     if verb == 'search': return ToolCall('search_products', {'query': arg}, 'text')
     if verb == 'finish': return ToolCall('finish_without_purchase', {'reason': arg}, 'text')
-    low = arg.strip().lower(); names = {v: k for k, v in {**VIEW, **BUTTON}.items()}
+    low = arg.strip().lower()
+    names = {v: k for k, v in {**VIEW, **BUTTON}.items()}
     if low in names: return ToolCall(names[low], {}, 'text')
-    return ToolCall('open_product', {'asin': arg.strip()}, 'text') if _ASIN.match(arg.strip()) else ToolCall('select_option', {'value': arg.strip()}, 'text')
+    if _ASIN.match(arg.strip()): return ToolCall('open_product', {'asin': arg.strip()}, 'text')
+    return ToolCall('select_option', {'value': arg.strip()}, 'text')
 
 # %% ../nbs/02d_tools.ipynb #db065c61
 _HERMES = re.compile(r'<tool_call>\s*(.*?)\s*(?:</tool_call>|$)', re.S)
 
 def _call_from_json(obj, source:str) -> ToolCall|ReplyError:
-    if not isinstance(obj, dict) or not isinstance(obj.get('name'), str): return ReplyError('malformed', 'a tool call needs a "name" and "arguments"')
+    if not isinstance(obj, dict) or not isinstance(obj.get('name'), str):
+        return ReplyError('malformed', 'a tool call needs a "name" and "arguments"')
     args = obj.get('arguments', obj.get('parameters', {}))
     if isinstance(args, str):
         try: args = json.loads(args) if args.strip() else {}
@@ -105,26 +130,36 @@ def parse_reply(reply) -> ToolCall|ReplyError:
     if not str(reply).strip(): return ReplyError('empty', 'the reply was empty; call one tool')
     if m := _HERMES.search(reply):
         try: return _call_from_json(json.loads(m.group(1)), 'hermes')
-        except json.JSONDecodeError as e: return ReplyError('malformed', f'the <tool_call> JSON does not parse ({e.msg} at {e.pos})')
+        except json.JSONDecodeError as e:
+            return ReplyError('malformed', f'the <tool_call> JSON does not parse ({e.msg} at {e.pos})')
     try: return from_text_action(*parse_action(reply))
-    except InvalidAction: return ReplyError('no_call', 'no tool call found; reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>')
+    except InvalidAction:
+        return ReplyError('no_call',
+                          'no tool call found; reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>')
 
 # %% ../nbs/02d_tools.ipynb #a350c8e2
 def guard(call:ToolCall, state:dict) -> str|None:
     "Why `call` may not run on page `state`, or None when it may."
     if call.name not in TOOL_SPECS: return f"unknown tool {call.name!r}; tools: {', '.join(TOOL_SPECS)}"
-    want = set(TOOL_SPECS[call.name][0]); got = set(call.arguments)
-    if extra := got - want: return f"{call.name} takes no argument(s) {', '.join(sorted(extra))}; it takes: {', '.join(sorted(want)) or 'none'}"
+    want = set(TOOL_SPECS[call.name][0])
+    got = set(call.arguments)
+    if extra := got - want:
+        takes = ', '.join(sorted(want)) or 'none'
+        return f"{call.name} takes no argument(s) {', '.join(sorted(extra))}; it takes: {takes}"
     if miss := want - got: return f"{call.name} needs argument(s) {', '.join(sorted(miss))}"
-    if bad := [k for k, v in call.arguments.items() if not isinstance(v, str) or not v.strip()]: return f"argument {bad[0]} must be a non-empty string"
+    bad = [k for k, v in call.arguments.items() if not isinstance(v, str) or not v.strip()]
+    if bad: return f"argument {bad[0]} must be a non-empty string"
     return _page_guard(call, state)
 
 def _page_guard(call:ToolCall, state:dict) -> str|None:
     t, clicks = state['page_type'], {c.lower() for c in state['clickables']}
-    if call.name == 'search_products': return None if state['search_available'] else 'search is not available on this page; call back_to_search first'
+    if call.name == 'search_products':
+        return None if state['search_available'] else 'search is not available on this page; call back_to_search first'
     if call.name == 'finish_without_purchase': return None
-    if call.name == 'open_product' and (t != 'search_results' or call.arguments['asin'].lower() not in clicks): return f"asin {call.arguments['asin']} is not on the current results page"
-    if call.name == 'select_option' and (t != 'product_detail' or call.arguments['value'].lower() not in clicks): return f"{call.arguments['value']!r} is not an option on the current page"
+    if call.name == 'open_product' and (t != 'search_results' or call.arguments['asin'].lower() not in clicks):
+        return f"asin {call.arguments['asin']} is not on the current results page"
+    if call.name == 'select_option' and (t != 'product_detail' or call.arguments['value'].lower() not in clicks):
+        return f"{call.arguments['value']!r} is not an option on the current page"
     target = VIEW.get(call.name) or BUTTON.get(call.name)
     if target and target not in clicks: return f"{call.name} is not available on this {t.replace('_', ' ')} page"
     return None
@@ -137,26 +172,35 @@ def approx_tokens(text:str) -> int:
     return len(text) * 2 // 7 + 1
 
 def _head_foot(s:dict) -> tuple[str, str]:
-    buttons = [c for c in s['clickables'] if not (s['page_type'] == 'search_results' and c in {r['asin'] for r in s['results']})]
+    results = s['page_type'] == 'search_results'
+    buttons = [c for c in s['clickables'] if not (results and c in {r['asin'] for r in s['results']})]
     search = 'search: available' if s['search_available'] else 'search: not available (back_to_search first)'
-    return f"[{s['page_type']}] step {s.get('step', 0)}/{s.get('max_steps', 35)}", f"{search}; buttons: {', '.join(buttons) or 'none'}"
+    head = f"[{s['page_type']}] step {s.get('step', 0)}/{s.get('max_steps', 35)}"
+    return head, f"{search}; buttons: {', '.join(buttons) or 'none'}"
 
 # %% ../nbs/02d_tools.ipynb #a7188bf4
 def _lines(s:dict) -> list[str]:
     t = s['page_type']
     if t == 'search_home': return ['Type a search.']
     if t == 'search_results':
-        return [f"results for \"{s['query']}\" page {s['page']}/{s['n_pages']} ({s['total']} found)", 'rank|asin|price|brand|category|key_attributes|title'] + \
-               [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}" for r in s['results']]
+        rows = [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}"
+                for r in s['results']]
+        return [f"results for \"{s['query']}\" page {s['page']}/{s['n_pages']} ({s['total']} found)",
+                'rank|asin|price|brand|category|key_attributes|title'] + rows
     if t == 'product_detail':
-        return [f"{s['asin']}: {s['title']}", f"brand {s['brand']}; category {s['category']}; price {s['price']} (selected variant); rating {s['rating']}"] + \
-               [f"option {o['name']}: {' | '.join(o['values'])} (selected: {o['selected'] or 'none'})" for o in s['options']]
+        about = (f"brand {s['brand']}; category {s['category']}; "
+                 f"price {s['price']} (selected variant); rating {s['rating']}")
+        options = [f"option {o['name']}: {' | '.join(o['values'])} (selected: {o['selected'] or 'none'})"
+                   for o in s['options']]
+        return [f"{s['asin']}: {s['title']}", about] + options
     if t == 'information_subpage': return [f"{s['asin']} {s['section']}:"] + [f"- {c}" for c in s['content']]
     return [s.get('message', 'The episode has ended.')]
 
 def project(state:dict, count=approx_tokens, budgets:dict=PAGE_BUDGETS) -> str:
     "The page as the agent reads it, within its page type's token budget."
-    head, foot = _head_foot(state); lines = _lines(state); budget = budgets[state['page_type']]
+    head, foot = _head_foot(state)
+    lines = _lines(state)
+    budget = budgets[state['page_type']]
     keep = len(lines)
     while keep > 1 and count('\n'.join([head, *lines[:keep], foot])) > budget: keep -= 1
     cut = [f"({len(lines) - keep} more line(s) not shown)"] if keep < len(lines) else []

@@ -16,16 +16,19 @@ __all__ = ['ShoppingAgentLoop']
 class ShoppingAgentLoop(AgentLoopBase):
     "veRL's agent loop for the shop: the project's token episode, generated through veRL's server manager."
     def __init__(self, *args, **kwargs):
-        settings = LoopSettings.pick(kwargs); super().__init__(*args, **kwargs)
+        settings = LoopSettings.pick(kwargs)
+        super().__init__(*args, **kwargs)
         turns = self.rollout_config.multi_turn.max_assistant_turns or 35
         self.rollout = shopping_rollout(settings, self.tokenizer, turns, self.rollout_config.response_length)
 
     async def run(self, sampling_params:dict, **kwargs) -> AgentLoopOutput:
         "Play the row's task to its end; Reward v3 is the episode's score."
-        rid, stop = uuid4().hex, sorted(set(sampling_params.get('stop_token_ids') or []) | {self.rollout.renderer.end_id})
+        rid = uuid4().hex
+        stop = sorted(set(sampling_params.get('stop_token_ids') or []) | {self.rollout.renderer.end_id})
         async def generate(ids, max_tokens):
             out = await self.server_manager.generate(request_id=rid, prompt_ids=ids,
-                                                     sampling_params={**sampling_params, 'max_tokens': max_tokens, 'stop_token_ids': stop})
+                                                     sampling_params={**sampling_params, 'max_tokens': max_tokens,
+                                                                      'stop_token_ids': stop})
             return out.token_ids, out.log_probs
         res = await self.rollout.play(kwargs['extra_info']['task_id'], generate, kwargs.get('raw_prompt'))
         t = res.pop('seconds')

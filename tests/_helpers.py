@@ -1,4 +1,4 @@
-"""Helpers shared by the test modules (plain functions, imported as `_helpers`)."""
+"""Helpers and fakes shared by the test modules (imported as `_helpers`)."""
 from __future__ import annotations
 import copy, json
 
@@ -17,3 +17,33 @@ def replay(shop, task, actions):
 def as_json(x):
     "`x` as it comes back from a JSON round trip."
     return json.loads(json.dumps(x))
+
+
+class ScriptedTokens:
+    "A token policy replaying shoppers' episodes: each new episode follows the next shopper in turn."
+    def __init__(self, shop, renderer, tasks, policies, lang:str='en', recipe=None):
+        from collections import defaultdict
+        from shopping_grpo.episode import played
+        from shopping_grpo.grpo import GRPORecipe
+        c = recipe or GRPORecipe()
+        self.scripts = defaultdict(list)  # prompt ids -> [(full ids, turns)] per policy
+        for t in tasks:
+            for p in policies:
+                te = played(shop, t, p, renderer, lang, c.max_turns, max_context=c.max_context,
+                            max_new_tokens=c.max_new_tokens)
+                turns = [te.response_ids[a:b] for a, b in te.turns]
+                self.scripts[tuple(te.prompt_ids)].append((te.prompt_ids + te.response_ids, turns))
+        self.end_id, self.k, self.generated, self.gen_seconds, self.temperature = renderer.end_id, 0, 0, 0.0, 1.0
+
+    def __call__(self, contexts:list[list[int]]) -> list[list[int]]:
+        "Each context's next turn from the script it follows (a prompt alone starts the next script in turn)."
+        out = []
+        for c in contexts:
+            p = next(p for p in self.scripts if tuple(c[:len(p)]) == p)
+            runs = [r for r in self.scripts[p] if r[0][:len(c)] == c]
+            if len(c) == len(p):
+                runs = [runs[self.k % len(runs)]]
+                self.k += 1
+            out.append(runs[0][1][c[len(p):].count(self.end_id) // 2])
+        self.generated += sum(map(len, out))
+        return out

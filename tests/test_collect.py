@@ -44,7 +44,7 @@ def test_kill_9_mid_run_then_resume(shop, shop_dir, tmp_path):
     have = {r['task_id'] for r in load_trajectories(raw, sft, torn_ok=True)}
     todo = next(t for t in sft if t.task_id not in have)
     with open(raw, 'ab') as f: f.write(json.dumps(run_message_episode(shop, todo, ExpertPolicy(shop.catalog), LANG)).encode()[:300])
-    with pytest.raises(ValueError, match=r'raw.jsonl:\d+: truncated last line'): load_trajectories(raw, sft)
+    with pytest.raises(ValueError, match=r'raw.jsonl:\d+: torn last line'): load_trajectories(raw, sft)
 
     r = subprocess.run([sys.executable, '-c', WORKER, str(shop_dir), str(out), '0'], capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
@@ -101,7 +101,7 @@ def test_bad_trajectory_files(shop, tmp_path):
     sft = shop.tasks['sft']; rec = run_message_episode(shop, sft[0], ExpertPolicy(shop.catalog), LANG)
     line = json.dumps(rec) + '\n'
     (tmp_path/'torn.jsonl').write_text(line + line.replace(sft[0].task_id, sft[1].task_id)[:120])
-    with pytest.raises(ValueError, match=r'torn\.jsonl:2: truncated last line'): load_trajectories(tmp_path/'torn.jsonl', sft)
+    with pytest.raises(ValueError, match=r'torn\.jsonl:2: torn last line'): load_trajectories(tmp_path/'torn.jsonl', sft)
     (tmp_path/'v7.jsonl').write_text(line + json.dumps({**rec, 'task_id': sft[1].task_id, 'version': 7}) + '\n')
     with pytest.raises(ValueError, match=r'v7\.jsonl:2: trajectory version 7'): load_trajectories(tmp_path/'v7.jsonl')
     with pytest.raises(ValueError, match=r"v7\.jsonl:1: task 'sft-00000' is not in the task list"): load_trajectories(tmp_path/'v7.jsonl', shop.tasks['eval'])
@@ -206,7 +206,7 @@ def test_episodes_of_an_older_shop_are_set_aside(shop, tmp_path):
     collect(shop, ts, ExpertPolicy(shop.catalog), tmp_path, progress=False, lang=LANG)
     before = (tmp_path/'raw.jsonl').read_bytes(); pin = json.loads((tmp_path/'run.json').read_text())
     (tmp_path/'run.json').write_text(json.dumps({**pin, 'code_sha256': 'older'}))
-    with pytest.warns(UserWarning, match='the shop changed since its episodes were collected'):
+    with pytest.warns(UserWarning, match='code_sha256 changed since its files were made'):
         a = collect(shop, ts, ExpertPolicy(shop.catalog), tmp_path, progress=False, lang=LANG)
     [old] = list((tmp_path/'stale').glob('*/raw.jsonl'))
     assert old.read_bytes() == before and a['n_raw'] == 6 and json.loads((tmp_path/'run.json').read_text()) == pin

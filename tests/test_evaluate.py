@@ -2,12 +2,13 @@
 counted and played again, a changed benchmark file stops an evaluation before it writes anything, and an endpoint that
 is down leaves every task counted as not judged and the run resumable."""
 from __future__ import annotations
+from collections import Counter
 import http.server, json, os, signal, subprocess, sys, threading, time, warnings
 import pytest
 
 from shopping_grpo.tasks import write_tasks
 from shopping_grpo.model import free_port
-from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata, write_eval_summary, BenchmarkMismatch, compare
+from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata, write_summary, BenchmarkMismatch, compare
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 WORKER = f'''
@@ -73,7 +74,7 @@ def test_corrupt_middle_and_torn_last_line(shop, tmp_path):
     third, tenth = json.loads(lines[2])['task_id'], json.loads(lines[9])['task_id']
     path.write_text('\n'.join(lines[:2] + [lines[2][:150]] + lines[3:9]) + '\n' + lines[9][:200])
     tasks, ident = benchmark_tasks(shop, 10)
-    with pytest.warns(UserWarning) as w: s = write_eval_summary(d, tasks, ident, task_strata(shop, tasks))
+    with pytest.warns(UserWarning) as w: s = write_summary(d, tasks, ident, task_strata(shop, tasks))
     msgs = ' | '.join(str(x.message) for x in w)
     assert f'trajectories.jsonl:3: corrupt line, task {third}' in msgs and f'trajectories.jsonl:10: torn last line (a write that did not finish), task {tenth}' in msgs
     assert (s['status'], s['figures']['n_tasks'], s['figures']['n_episodes'], s['figures']['strict_success']) == ({'ok': 8, 'corrupt': 2}, 10, 8, 0.8)
@@ -100,6 +101,26 @@ def test_changed_benchmark_refuses_and_writes_nothing(shop, tmp_path):
     assert snapshot(run) == before and not (run/'eval'/'random').exists()
     (data/'benchmark_en.jsonl').write_text(text)  # restored: evaluation goes on
     assert evaluate_model(shop, 'random', run, 5, data=data, progress=False)['figures']['n_tasks'] == 5
+
+
+def test_one_summary_is_the_records(shop, tmp_path):
+    "summary.json is written once, as returned; its figures are those recomputed by hand from the records, over all tasks."
+    s = evaluate_model(shop, 'heuristic', tmp_path, 12, play=9, progress=False)  # 3 tasks not played: missing, still counted
+    d = tmp_path/'eval'/'heuristic'
+    recs, n = [json.loads(l) for l in (d/'trajectories.jsonl').read_text().splitlines()], 12
+    assert {k: v for k, v in s.items() if k != 'wall_seconds'} == json.loads((d/'summary.json').read_text())
+    assert (s['n_tasks'], s['figures']['n_tasks'], s['n_episodes'], s['figures']['n_episodes'], len(recs)) == (n, n, 9, 9, 9)
+    for k in ('strict_success', 'purchase_success'): assert s[k] == s['figures'][k] == round(sum(r[k] for r in recs) / n, 4)
+    assert s['done_rate'] == s['figures']['done_rate'] == round(sum(r['termination_reason'] in ('purchase', 'finish') for r in recs) / n, 4)
+    assert s['mean_reward'] == round(sum(r['reward'] for r in recs) / n, 4) and abs(s['figures']['mean_reward'] - s['mean_reward']) < 1e-9
+    assert s['mean_steps'] == round(sum(r['n_steps'] for r in recs) / len(recs), 2)
+    assert s['outcomes'] == dict(Counter(r['reward_detail']['outcome'] for r in recs)) and s['status'] == {'ok': 9, 'missing': 3}
+    calls = sum((Counter(r['tool_counts']) for r in recs), Counter())
+    assert s['tool_mix'] == {k: round(v / sum(calls.values()), 4) for k, v in calls.items()}
+    strata = {t.task_id: t.stratum for t in shop.tasks['eval'][:n]}
+    assert s['by_stratum'] == {k: round(sum(r['strict_success'] for r in recs if strata[r['task_id']] == k) / list(strata.values()).count(k), 4)
+                               for k in sorted(set(strata.values()))}
+    assert (s['model'], s['policy']['kind'], s['config']['max_turns'], s['benchmark']['n_tasks'], len(s['task_ids'])) == ('heuristic', 'heuristic', 35, n, n)
 
 
 class Prose(http.server.BaseHTTPRequestHandler):

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from shopping_grpo.episode import ChatRenderer
+from shopping_grpo.episode import ChatRenderer, episode_valid
 from shopping_grpo.sft import tiny_model
-from shopping_grpo.grpo import (GRPORecipe, ShopRollout, ScriptedTokens, DiskFull, grpo_recipe, train_grpo, read_metrics,
-                                rollout_output, episode_valid, grpo_monitor, GRPORun, _durable)
+from shopping_grpo.grpo import (GRPORecipe, ShopRollout, DiskFull, grpo_recipe, train_grpo, read_metrics,
+                                grpo_monitor, GRPORun, _durable)
+from _helpers import ScriptedTokens
 
 torch.set_num_threads(1)  # tests share two cores with other work: extra threads only spin
 
@@ -245,3 +246,15 @@ def test_real_smollm2_one_step_on_cpu(shop, tmp_path):
     s = train_grpo('smollm2', shop, tmp_path/'grpo', cfg)
     tr = [r for r in read_metrics(tmp_path/'grpo'/'metrics.jsonl') if r['kind'] == 'train']
     assert s['final_step'] == 1 and len(tr) == 1 and tr[0]['generated_tokens'] > 0
+
+
+def test_credit_variants_come_from_the_registry():
+    "The engine never imports the step-credit module: its variants are unknown until it is imported, with a clear error."
+    import subprocess, sys
+    probe = ("import sys\nfrom shopping_grpo.grpo import grpo_recipe\nassert 'shopping_grpo.step_credit' not in sys.modules\n"
+             "try: grpo_recipe('gpu', credit='spa')\nexcept ValueError as e: print(e)\n"
+             "import shopping_grpo.step_credit\nprint(grpo_recipe('gpu', credit='spa').credit)")
+    p = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    first, last = p.stdout.strip().splitlines()
+    assert "unknown credit 'spa'; known: episode" in first and 'import it before starting the run' in first and last == 'spa'

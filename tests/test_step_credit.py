@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shopping_grpo.episode import ChatRenderer
+from shopping_grpo.episode import ChatRenderer, played
 from shopping_grpo.policies import ExpertPolicy
-from shopping_grpo.grpo import CREDITS, grpo_recipe, train_grpo, read_metrics, rollout_output, played
-from shopping_grpo.step_credit import (DETOURS, collect, REFUSAL_PENALTY, STEP_SPREAD, Detour, Steps, ProgressCredit, StepGroupCredit, credit_advantages, episode_advantages,
-                                       episode_steps, fit_progress, normalised, progress, progress_head, step_group_advantages, turn_features, turn_scores)
+from shopping_grpo.grpo import CREDITS, credit_advantages, grpo_recipe, train_grpo, read_metrics, rollout_output
+from shopping_grpo.step_credit import (DETOURS, collect, REFUSAL_PENALTY, STEP_SPREAD, Detour, Steps, ProgressCredit,
+                                       episode_advantages, episode_steps, fit_progress, normalised, progress, progress_head,
+                                       step_group_advantages, turn_features, turn_scores)
 from test_grpo import SHORT, scripted, adapter_weights, same
 
 torch.set_num_threads(1)

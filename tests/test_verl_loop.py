@@ -13,7 +13,8 @@ pytest.importorskip('verl.experimental.agent_loop.agent_loop',
 from omegaconf import OmegaConf
 from shopping_grpo.episode import ChatRenderer, Episode, load_chat_template, scripted_run
 from shopping_grpo.model import materialize_model
-from shopping_grpo.verl_loop import (AGENT_NAME, GRPOConfig, LoopSettings, grpo_overrides, write_agent_loop_config,
+from shopping_grpo.grpo import GRPORecipe
+from shopping_grpo.verl_loop import (AGENT_NAME, VerlLaunch, LoopSettings, grpo_overrides, write_agent_loop_config,
                                      write_verl_dataset)
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG
 
@@ -37,10 +38,10 @@ def verl_dir(shop, shop_dir, renderer, tmp_path_factory):
     return d
 
 
-def compose(verl_dir, cfg:GRPOConfig, extra=()):
+def compose(verl_dir, recipe:GRPORecipe, extra=(), launch:VerlLaunch|None=None):
     "veRL's ppo_trainer configuration with our overrides, as `python -m verl.trainer.main_ppo` composes it."
     from hydra import compose as hydra_compose, initialize_config_module
-    ov = grpo_overrides(cfg, verl_dir.parent, str(materialize_model('smollm2')))
+    ov = grpo_overrides(recipe, launch or VerlLaunch(), verl_dir.parent, str(materialize_model('smollm2')))
     with initialize_config_module('verl.trainer.config', version_base=None):
         return hydra_compose(config_name='ppo_trainer', overrides=[*ov, *extra])
 
@@ -86,12 +87,13 @@ def test_overrides_compose_and_validate(verl_dir, monkeypatch):
     "Every override names a key of veRL 0.9.1's configuration, and veRL's own validation accepts the result."
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
-    cfg = compose(verl_dir, GRPOConfig(filter_groups=True), ['trainer.logger=[console,wandb]'])
+    cfg = compose(verl_dir, GRPORecipe(resample_rounds=1), ['trainer.logger=[console,wandb]'])
     r = cfg.actor_rollout_ref.rollout
     assert (r.n, r.temperature, r.top_p, r.agent.num_workers, r.multi_turn.max_assistant_turns, r.prompt_length, r.response_length) == (4, 0.7, 0.9, 8, 35, 1280, 6912)
-    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha, cfg.actor_rollout_ref.actor.optim.lr) == (16, 32, 1e-6)
+    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha, cfg.actor_rollout_ref.actor.optim.lr) == (16, 32, 2e-5)
     assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.use_kl_loss, cfg.actor_rollout_ref.actor.loss_agg_mode) == ('grpo', False, 'token-mean')
     assert list(cfg.trainer.logger) == ['console', 'wandb'] and cfg.algorithm.filter_groups.enable
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.grad_clip, cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (8, 1.0, 50, 10)
     assert not need_reference_policy(cfg) and not need_critic(cfg)  # KL off, GRPO: no reference model, no critic
     # vLLM is not installed on CPU: only its LoRA-rank lookup (the last check) is stood in for
     checked = []
@@ -102,7 +104,7 @@ def test_overrides_compose_and_validate(verl_dir, monkeypatch):
 
 def test_dataset_rows_in_verl(verl_dir, shop, tok, tmp_path):
     "veRL's RLHFDataset reads our parquet: raw_prompt is the episode's opening, agent_name routes to our loop, the id is all the truth."
-    rows = dataset_rows(compose(verl_dir, GRPOConfig()), tok, tmp_path)
+    rows = dataset_rows(compose(verl_dir, GRPORecipe()), tok, tmp_path)
     assert len(rows) == len(shop.tasks['grpo_train'])
     r = rows[3]; t = shop.tasks['grpo_train'][3]
     assert (r['agent_name'], r['extra_info']['task_id'], r['reward_model']['ground_truth'], r['index']) == (AGENT_NAME, t.task_id, t.task_id, 3)
@@ -112,7 +114,7 @@ def test_dataset_rows_in_verl(verl_dir, shop, tok, tmp_path):
 
 def test_expert_episodes_through_fake_server(verl_dir, shop, tok, renderer, tmp_path):
     "The expert's turns, sent through veRL's generate path, give the runner's ids and masks, Reward v3 and veRL's turn count."
-    config = compose(verl_dir, GRPOConfig())
+    config = compose(verl_dir, GRPORecipe())
     rows = dataset_rows(config, tok, tmp_path)[:3]
     solos = [scripted_run(shop, shop.by_id[r['extra_info']['task_id']], renderer, LANG) for r in rows]
     server = ScriptedServer(solos)
@@ -150,21 +152,21 @@ def test_limits_from_verl_config(verl_dir, shop, tok, tmp_path):
     class Server:
         def __init__(self, text, stop=True): self.ids = tok.encode(text, add_special_tokens=False) + ([tok.convert_tokens_to_ids('<|im_end|>')] if stop else [])
         async def generate(self, request_id, *, prompt_ids, sampling_params, **kw): return TokenOutput(token_ids=self.ids[:sampling_params['max_tokens']])
-    row = dataset_rows(compose(verl_dir, GRPOConfig()), tok, tmp_path)[0]
+    row = dataset_rows(compose(verl_dir, GRPORecipe()), tok, tmp_path)[0]
     kw = {k: v for k, v in row.items() if k not in ('agent_name', 'dummy_tensor')}
     three = kw | dict(raw_prompt=Episode(shop.env(3), shop.by_id[row['extra_info']['task_id']], LANG, 3).messages)  # a row written for 3 turns
     async def play(config, server, kw=kw): return await (await build_loop(config, server, tok)).run(sampling(config), **kw)
-    out = asyncio.run(play(compose(verl_dir, GRPOConfig(max_turns=3)), Server('I am not sure what to do.'), three))
+    out = asyncio.run(play(compose(verl_dir, GRPORecipe(max_turns=3)), Server('I am not sure what to do.'), three))
     assert (out.reward_score, out.num_turns, out.extra_fields['termination_reason'], out.response_logprobs) == (-0.5, 6, 'max_steps', None)
     assert tok.decode([t for t, m in zip(out.response_ids, out.response_mask) if m]) == 'I am not sure what to do.<|im_end|>' * 3
-    out = asyncio.run(play(compose(verl_dir, GRPOConfig(max_response_length=600)), Server('hmm ' * 400, stop=False)))
+    out = asyncio.run(play(compose(verl_dir, GRPORecipe(max_context=1280 + 600)), Server('hmm ' * 400, stop=False)))
     assert out.extra_fields['termination_reason'] == 'context_overflow' and out.reward_score == 0.0 and len(out.response_ids) <= 600
     assert out.extra_fields['reward_extra_info']['reward_valid'] == 0.0
 
 
 def test_stale_dataset_is_refused(verl_dir, tok, tmp_path):
     "A row whose prompt is not this shop's opening for the task (data written for another shop) stops with a clear error."
-    config = compose(verl_dir, GRPOConfig())
+    config = compose(verl_dir, GRPORecipe())
     row = dataset_rows(config, tok, tmp_path)[0]
     kw = {k: v for k, v in row.items() if k not in ('agent_name', 'dummy_tensor')}
     kw['raw_prompt'] = [dict(m) for m in kw['raw_prompt']]; kw['raw_prompt'][1]['content'] = 'a different request'
