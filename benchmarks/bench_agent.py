@@ -41,7 +41,9 @@ def main():
         res['vllm_cpu'] = dict(tasks=a.vllm_tasks, concurrency=a.concurrency, start_s=round(llm.start_s or 0, 1), seconds=round(dt, 1),
                                generated_tokens=pol.completion_tokens, tokens_per_s=round(pol.completion_tokens / dt, 1),
                                tasks_per_minute=round(a.vllm_tasks / dt * 60, 2), strict_success=s['strict_success'])
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1)); print(json.dumps(res, indent=1))
+    from shopping_grpo.records import write_atomic
+    write_atomic(a.out, json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
 
 
 if __name__ == '__main__': main()

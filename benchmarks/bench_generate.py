@@ -10,7 +10,6 @@ Also checks that greedy outputs of the graph decoder agree with `generate`.
 """
 from __future__ import annotations
 import argparse, json, platform, statistics, time
-from pathlib import Path
 
 
 def prompts(tok, n:int, length:int) -> list[list[int]]:
@@ -72,7 +71,8 @@ def main():
     res['greedy_agreement'] = round(same, 4); res['greedy_identical_rows'] = sum(r_ == g for r_, g in zip(ref, got))
     base = {r['batch']: r['tokens_per_s'] for r in res['runs'] if r['variant'] == 'generate'}
     for r in res['runs']: r['speedup_vs_generate'] = round(r['tokens_per_s'] / base[r['batch']], 2)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1))
+    from shopping_grpo.records import write_atomic
+    write_atomic(a.out, json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != 'runs'}))
     for r in res['runs']: print(f"{r['variant']:9s} batch {r['batch']:4d}: {r['tokens_per_s']:8d} tok/s  x{r['speedup_vs_generate']}  peak {r['peak_gib']} GiB")
 

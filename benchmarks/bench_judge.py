@@ -50,7 +50,9 @@ def main():
         with VLLMServer(a.model, name=a.served_name, progress=False) as llm: start = round(time.time() - t0, 1); rows = measure(Endpoint(llm.name, llm.base_url))
     res = dict(model=a.model, tasks_per_model=a.tasks, models=['oracle', 'heuristic'], server_start_s=start, runs=rows,
                machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_avg_1m_at_end=round(os.getloadavg()[0], 2)))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True); Path(a.out).write_text(json.dumps(res, indent=1) + '\n'); print(json.dumps(res, indent=1))
+    from shopping_grpo.records import write_atomic
+    write_atomic(a.out, json.dumps(res, indent=1) + '\n')
+    print(json.dumps(res, indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 

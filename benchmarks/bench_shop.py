@@ -32,7 +32,7 @@ from shopping_grpo.env import INDEX_VERSION, TOP_K, Catalog, SearchIndex, build_
 from shopping_grpo.records import write_atomic
 from shopping_grpo.shop import DEFAULT_SIZES, Shop, prepare_shop
 from shopping_grpo.shoppers import OracleShopper
-from shopping_grpo.records import package_versions
+from shopping_grpo.records import package_versions, code_sha256
 from fts5_index import FTS5Index, build_fts5, fts5_path
 
 ENGINES = ('ours', 'fts5')
@@ -93,25 +93,22 @@ class CpuMeter:
                     steal_cores=round((steal - self.steal) / wall, 2))
 
 LIBRARY_MODULES = ('env', 'tasks', 'reward', 'server', 'cli')   # the modules this benchmark runs
+SERVED_BY = ('shopping_grpo', 'polars', 'tantivy', 'numpy', 'fastapi', 'uvicorn', 'httpx')  # packages whose versions count
 
 def library_hash() -> str:
-    "A short hash of the source of the modules this benchmark runs: tells whether they changed during a run."
-    import hashlib, shopping_grpo
-    h, d = hashlib.sha256(), Path(shopping_grpo.__file__).parent
-    for m in LIBRARY_MODULES: h.update((d/f'{m}.py').read_bytes())
-    return h.hexdigest()[:12]
+    "A short hash of the source of the modules this benchmark runs (`records.code_sha256`): did they change during a run?"
+    return code_sha256(LIBRARY_MODULES)[:12]
 
 def machine_info() -> dict:
     "What the figures were measured on."
     cpu = next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('model name')), platform.processor())
     mem = next(int(l.split()[1]) for l in Path('/proc/meminfo').read_text().splitlines() if l.startswith('MemTotal'))
-    from importlib.metadata import version
     git = lambda *a: subprocess.run(['git', *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return dict(git_commit=git('rev-parse', '--short', 'HEAD'), library_modified=bool(git('status', '--porcelain', *[f'shopping_grpo/{m}.py' for m in LIBRARY_MODULES])),
                 library_hash=library_hash(),
                 cpu_count=os.cpu_count(), cpus_usable=len(os.sched_getaffinity(0)), cpu_model=cpu, mem_gib=round(mem / 2**20, 1),
                 platform=platform.platform(), python=platform.python_version(), loadavg_start=os.getloadavg(),
-                versions={**package_versions(), 'sqlite': sqlite3.sqlite_version, 'uvicorn': version('uvicorn'), 'httpx': version('httpx')})
+                versions={**package_versions(SERVED_BY), 'sqlite': sqlite3.sqlite_version})
 
 
 # ---------------------------------------------------------------------------------------------- 1. build

@@ -18,7 +18,7 @@ __all__ = ['LANGS', 'CATALOG_VERSION', 'MUTATIONS', 'TEXT', 'SEARCH_FIELDS', 'TO
            'load_vocabulary', 'Subcategory', 'subcategories', 'Design', 'make_asin', 'generate_designs',
            'render_design', 'catalog_schema', 'catalog_frame', 'build_catalog', 'Catalog', 'from_webshop',
            'from_shopsimulator', 'zh_terms', 'popularity', 'SearchIndex', 'query_terms', 'variant_price', 'result_row',
-           'results_state', 'detail_state', 'subpage_state', 'home_state', 'render_state', 'InvalidAction',
+           'results_state', 'detail_state', 'subpage_state', 'home_state', 'render_state', 'InvalidAction', 'ShopFault',
            'parse_action', 'EpisodeLog', 'ShopEnv', 'StepResult']
 
 # %% ../nbs/00_env.ipynb #5db92ee4
@@ -489,6 +489,9 @@ def render_state(s:dict) -> str:
 # %% ../nbs/00_env.ipynb #973e775c
 class InvalidAction(ValueError):
     "An action that is malformed or not allowed on the current page; the episode is unchanged."
+
+class ShopFault(Exception):
+    "The shop, not the agent, failed: a server that answers outside the protocol or refuses to serve."
 
 _ACTION = re.compile(r'^\s*(search|click|finish)\s*\[(.*)\]\s*$', re.S | re.I)
 

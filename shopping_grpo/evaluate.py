@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file, benchmark_hash,
                                    data_dir, package_versions, pin_run, code_sha256, task_list_sha256)
-from .tasks import Task, read_tasks
+from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS
 from .shop import Shop
 from .reward import INFRA_REASONS
 from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
@@ -28,17 +28,18 @@ __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE'
            'model_sha256', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories', 'check_events',
            'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
            'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
-           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'evaluate_model', 'trained_models', 'paired_ci',
-           'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison']
+           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model', 'trained_models',
+           'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison',
+           'compare_wordings']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
     "The benchmark file is not the one its recorded SHA-256 names."
 
-def verify_benchmark(lang:str='en', data=None) -> tuple[Path, str]|None:
-    "The frozen benchmark file of `lang` and its SHA-256, checked against `benchmark.sha256`; None when there is none."
+def verify_benchmark(lang:str='en', data=None, name:str='template') -> tuple[Path, str]|None:
+    "Frozen benchmark `name` of `lang` and its SHA-256, checked against `benchmark.sha256`; None when there is none."
     data = Path(data or data_dir())
-    path = data/f'benchmark_{lang}.jsonl'
+    path = data/benchmark_file(lang, name)
     if not path.exists(): return None
     want = json.loads((data/'benchmark.sha256').read_text()).get(path.name)
     if (h := sha256_file(path)) != want:
@@ -53,13 +54,16 @@ def tasks_ident(shop:Shop, tasks:list[Task], source:str, benchmark_sha256:str|No
     return dict(source=source, benchmark_sha256=benchmark_sha256, n_tasks=len(tasks),
                 tasks_sha256=task_list_sha256(tasks), catalog_sha256=shop.catalog.sha256, lang=shop.catalog.lang)
 
-def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None) -> tuple[list[Task], dict]:
-    "The tasks to evaluate and what identifies them; refuses a changed frozen benchmark."
-    found = verify_benchmark(shop.catalog.lang, data)
+def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None, benchmark:str='template') -> tuple[list[Task], dict]:
+    "The tasks of benchmark `benchmark` (template or freeform) and what identifies them; refuses a changed frozen one."
+    found = verify_benchmark(shop.catalog.lang, data, benchmark)
     head = (read_jsonl(found[0])[0] or [{}])[0] if found else {}
+    named = '' if benchmark == 'template' else f' {benchmark}'  # the template benchmark keeps the names it always had
     if head.get('catalog_sha256') == shop.catalog.sha256:
-        tasks, source, h = read_tasks(found[0], shop.catalog), 'frozen', found[1]
-    else: tasks, source, h = shop.tasks['eval'], 'run eval split', None
+        tasks, source, h = read_tasks(found[0], shop.catalog), 'frozen' + named, found[1]
+    else:
+        tasks, source, h = shop.tasks['eval'], 'run eval split' + named, None
+        if benchmark == 'freeform': tasks = reword_tasks(tasks, shop.catalog, BENCHMARK['task_seed'], 'heldout')
     if n_eval is not None and n_eval > len(tasks):
         raise ValueError(f"n_eval={n_eval}, but the {source} has {len(tasks)} tasks")
     tasks = tasks[:n_eval] if n_eval is not None else tasks
@@ -465,14 +469,20 @@ def evaluate(shop:Shop, tasks:list[Task], policy, out_dir, renderer=None, lang:s
     return write_summary(out_dir, tasks, ident, strata, spec or as_spec(policy).public(), config, time.time() - t0)
 
 # %% ../nbs/07_evaluate.ipynb #dfa3b5b7
+def eval_folder(name:str, benchmark:str='template') -> str:
+    "The folder of model `name` on `benchmark` under `run_dir/eval/`: `sft` for the template one, `sft@freeform`."
+    if benchmark not in BENCHMARKS: raise ValueError(f"unknown benchmark {benchmark!r}: one of {BENCHMARKS}")
+    return name if benchmark == 'template' else f'{name}@{benchmark}'
+
 def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64,
                    data=None, device:str|None=None, strata=None, progress:bool=True,
                    play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
+                   benchmark:str='template',  # or 'freeform': the same tasks in held-out wording (eval_folder)
                    **spec_kw) -> dict:
-    "Evaluate the policy `spec` names on the benchmark into `run_dir/eval/<name>/`; the summary."
+    "Evaluate the policy `spec` names on `benchmark` into `run_dir/eval/<folder>/` (`eval_folder`); the summary."
     spec = as_spec(spec, **spec_kw)
-    tasks, ident = benchmark_tasks(shop, n_eval, data)  # refuses a changed benchmark before any write
-    out, settings = Path(run_dir)/'eval'/spec.name, eval_settings(spec, ident, shop, max_turns)
+    tasks, ident = benchmark_tasks(shop, n_eval, data, benchmark)  # refuses a changed benchmark before any write
+    out, settings = Path(run_dir)/'eval'/eval_folder(spec.name, benchmark), eval_settings(spec, ident, shop, max_turns)
     prepare_folder(out, settings)
     t0 = time.time()
     with open_policy(spec, shop, ident['lang'], device) as (pol, kw):
@@ -551,10 +561,17 @@ def eval_outcomes(eval_dir):
     rows = pl.DataFrame(read_jsonl(d/'checks.jsonl')[0], infer_schema_length=None)
     return s, rows.select('task_id', 'strict_success', 'purchase_success', 'reward', 'status')
 
-def pairable(sa:dict, sb:dict, ta, tb):
-    "Raise unless two evaluations played the same tasks of the same benchmark in the same shop."
+def pairable(sa:dict, sb:dict, ta, tb, across:bool=False):
+    "Raise unless two evaluations played the same tasks of the same benchmark (or, `across`, two wordings) in one shop."
     ba, bb = sa['benchmark'], sb['benchmark']
     names = f"{sa['model']} and {sb['model']}"
+    if across:  # the same task ids, in the same shop and language, on two benchmarks
+        if (ba['catalog_sha256'], ba['lang']) != (bb['catalog_sha256'], bb['lang']):
+            raise ValueError(f"{names} were evaluated in different shops or languages: they cannot be paired")
+        if ta['task_id'].to_list() != tb['task_id'].to_list():
+            raise ValueError(f"{names} were evaluated on different task ids "
+                             f"({ba['n_tasks']} vs {bb['n_tasks']} tasks): they cannot be paired across benchmarks")
+        return
     if ba['benchmark_sha256'] != bb['benchmark_sha256'] or ba['source'] != bb['source']:
         raise ValueError(f"{names} were evaluated on different benchmarks "
                          f"({ba['source']} {str(ba['benchmark_sha256'])[:12]} vs {bb['source']} "
@@ -567,22 +584,27 @@ def pairable(sa:dict, sb:dict, ta, tb):
                          f"evaluate both with the same n_eval")
 
 # %% ../nbs/07_evaluate.ipynb #17cfb48f
-def compare(dir_a, dir_b, seed:int=0, n_resamples:int=10_000) -> dict:
-    "Paired comparison of two evaluations, task by task: strict success at the top, purchase success and reward nested."
+def compare(dir_a, dir_b, seed:int=0, n_resamples:int=10_000, across:bool=False) -> dict:
+    "Paired comparison of two evaluations, task by task (`across`: of one task list on two benchmarks)."
     (sa, ta), (sb, tb) = eval_outcomes(dir_a), eval_outcomes(dir_b)
-    pairable(sa, sb, ta, tb)
+    pairable(sa, sb, ta, tb, across)
     col = lambda t, c: t[c].fill_null(False if c != 'reward' else 0.0).to_list()
     acct = lambda t: {s: int((t['status'] == s).sum()) for s in ('missing', 'corrupt', 'not_judged')}
     binary = lambda c: paired_binary(col(ta, c), col(tb, c), seed, n_resamples)
     return dict(a=sa['model'], b=sb['model'], n_tasks=len(ta), metric='strict_success', **binary('strict_success'),
                 purchase_success=binary('purchase_success'),
                 mean_reward=paired_reward(col(ta, 'reward'), col(tb, 'reward'), seed, n_resamples),
-                accounting=dict(a=acct(ta), b=acct(tb)), benchmark=sa['benchmark'], seed=seed, n_resamples=n_resamples,
+                accounting=dict(a=acct(ta), b=acct(tb)), benchmark=sa['benchmark'],
+                **(dict(b_benchmark=sb['benchmark']) if across else {}), seed=seed, n_resamples=n_resamples,
                 versions=package_versions(('shopping_grpo', 'scipy', 'statsmodels', 'polars')))
 
-def write_comparison(run_dir, a:str, b:str, seed:int=0, n_resamples:int=10_000) -> dict:
-    "Compare models `a` and `b` of a run; written to `run_dir/eval/compare/<a>_vs_<b>.json`."
+def write_comparison(run_dir, a:str, b:str, seed:int=0, n_resamples:int=10_000, across:bool=False) -> dict:
+    "Compare eval folders `a` and `b` of a run; written to `run_dir/eval/compare/<a>_vs_<b>.json`."
     ev = Path(run_dir)/'eval'
-    c = compare(ev/a, ev/b, seed, n_resamples)
+    c = compare(ev/a, ev/b, seed, n_resamples, across)
     write_atomic(ev/'compare'/f'{a}_vs_{b}.json', json.dumps(c, indent=1, ensure_ascii=False))
     return c
+
+def compare_wordings(run_dir, model:str, seed:int=0, n_resamples:int=10_000) -> dict:
+    "Model `model` on the template benchmark against itself on the free-form one, task by task."
+    return write_comparison(run_dir, model, eval_folder(model, 'freeform'), seed, n_resamples, across=True)

@@ -9,16 +9,146 @@ from fastcore.basics import patch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from dataclasses import dataclass
-from .env import ShopEnv, InvalidAction, EpisodeLog, StepResult, render_state
+from .env import (ShopEnv, Catalog, InvalidAction, ShopFault, EpisodeLog, StepResult, render_state,
+                               result_row, detail_state, query_terms, STATE_VERSION, PAGE_TYPES, NAV)
 from .shop import Shop, prepare_shop
 from .reward import RewardDetail, score_episode
 
 # %% auto #0
-__all__ = ['ACTIONS', 'ShopError', 'Lease', 'ShopService', 'make_app', 'ShopClient', 'RemoteShopEnv', 'serve']
+__all__ = ['OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'to_v2', 'ShopProtocolError', 'from_v2', 'ShopError',
+           'Lease', 'ShopService', 'page_v2', 'make_app', 'ShopClient', 'RemoteShopEnv', 'serve']
+
+# %% ../nbs/02a_server.ipynb #5d0dd76f
+OBSERVATION_V2 = 'shopping-observation-v2'
+HIDDEN_FIELDS = ('goal', 'reward', 'reward_detail', 'target_asin', 'answer')  # never on a page the agent reads
+
+def _attribute_list(key:str) -> list[str]:
+    "A results row's key attributes as v2's list (at most 10)."
+    return key.split('; ')[:10] if key else []
+
+def _v2_product(p:dict) -> dict:
+    "v2's `product` of a product or sub-page, from its catalog row."
+    return dict(asin=p['asin'], title=p['title'], brand=p['brand'], category=p['category_name'], price=p['price'],
+                key_attributes=_attribute_list(result_row(0, p)['key_attributes']))
+
+# %% ../nbs/02a_server.ipynb #42461208
+def _v2_options(detail:dict) -> dict:
+    "v2's option fields of a product page state (`detail_state`)."
+    opts = detail['options']
+    return dict(selected_options={o['name']: o['selected'] for o in opts if o['selected'] is not None},
+                available_options={o['name']: list(o['values']) for o in opts}, selected_price=detail['price'])
+
+def to_v2(state:dict, catalog:Catalog, chosen:dict|None=None) -> dict:
+    "Our page `state` as observation v2 (`chosen`: a sub-page's product options, axis key -> value key)."
+    t = state['page_type']
+    v2 = dict(observation_version=OBSERVATION_V2, page_type=t, search_available=state['search_available'],
+              actions=list(state['clickables']))
+    if t == 'search_results':
+        rows = state['results']
+        products = [dict(rank=r['rank'], asin=r['asin'], title=r['title'], brand=r['brand'], category=r['category'],
+                         price=r['price'], key_attributes=_attribute_list(r['key_attributes'])) for r in rows]
+        v2.update(query=state['query'], normalized_query=query_terms(state['query'], catalog.lang),
+                  page=state['page'], total_pages=state['n_pages'], total_results=state['total'],
+                  rank_start=rows[0]['rank'] if rows else 0, rank_end=rows[-1]['rank'] if rows else 0,
+                  products=products)
+    elif t == 'product_detail':
+        v2.update(product=_v2_product(catalog.by_asin(state['asin'])), **_v2_options(state), rating=state['rating'])
+    elif t == 'information_subpage':
+        p = catalog.by_asin(state['asin'])
+        v2.update(product=_v2_product(p), **_v2_options(detail_state(p, chosen or {})), subpage=state['section'],
+                  content=list(state['content']))
+    elif t == 'terminal' and 'message' in state: v2['message'] = state['message']
+    v2.update({k: state[k] for k in ('step', 'max_steps') if k in state})
+    return v2
+
+# %% ../nbs/02a_server.ipynb #0a5187e7
+class ShopProtocolError(ShopFault, ValueError):
+    "A page that breaks observation v2; `field` names the field at fault."
+    def __init__(self, field:str, why:str):
+        super().__init__(f"observation_state field {field!r} {why}")
+        self.field = field
+
+def _need(d:dict, key:str, kind, where:str=''):
+    "`d[key]`, which must be present and of type `kind`."
+    if key not in d: raise ShopProtocolError(where + key, f"is missing (observation {OBSERVATION_V2})")
+    v = d[key]
+    if not isinstance(v, kind) or (isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise ShopProtocolError(where + key, f"has type {type(v).__name__}")
+    return v
+
+def _strings(v:list, field:str) -> list[str]:
+    if not all(isinstance(x, str) for x in v): raise ShopProtocolError(field, "must be a list of strings")
+    return list(v)
+
+# %% ../nbs/02a_server.ipynb #d5b963d5
+PRODUCT_FIELDS = dict(asin=str, title=str, brand=str, category=str, price=(int, float, str, type(None)),
+                      key_attributes=list)
+
+def _product(p, where:str) -> dict:
+    "A checked v2 product (a results row or a page's `product`)."
+    if not isinstance(p, dict): raise ShopProtocolError(where.rstrip('.'), "must be an object")
+    for k, kind in PRODUCT_FIELDS.items(): _need(p, k, kind, where)
+    _strings(p['key_attributes'], where + 'key_attributes')
+    return p
+
+def _results_from_v2(v2:dict, actions:list) -> dict:
+    for k, kind in dict(query=str, normalized_query=str, page=int, total_pages=int, total_results=int,
+                        rank_start=int, rank_end=int, products=list).items(): _need(v2, k, kind)
+    rows = []
+    for i, p in enumerate(v2['products']):
+        p = _product(p, f'products[{i}].')
+        _need(p, 'rank', int, f'products[{i}].')
+        if p['asin'] not in actions:
+            raise ShopProtocolError(f'products[{i}].asin', f"{p['asin']!r} is not among actions")
+        rows.append(dict(rank=p['rank'], asin=p['asin'], price=p['price'], brand=p['brand'], category=p['category'],
+                         key_attributes='; '.join(p['key_attributes']), title=p['title']))
+    shown = {r['asin'] for r in rows}
+    if extra := [a for a in actions if a not in NAV.values() and a not in shown]:
+        raise ShopProtocolError('actions', f"holds {extra[0]!r}, neither a button nor a product shown in products")
+    return dict(query=v2['query'], page=v2['page'], n_pages=v2['total_pages'], total=v2['total_results'],
+                results=rows)
+
+# %% ../nbs/02a_server.ipynb #39568d2e
+def _product_from_v2(v2:dict, t:str, actions:list) -> dict:
+    p = _product(_need(v2, 'product', dict), 'product.')
+    chosen, offered = _need(v2, 'selected_options', dict), _need(v2, 'available_options', dict)
+    for name, values in offered.items():
+        if not isinstance(values, list): raise ShopProtocolError(f'available_options.{name}', "must be a list")
+        for v in _strings(values, f'available_options.{name}'):
+            if t == 'product_detail' and v not in actions:
+                raise ShopProtocolError(f'available_options.{name}', f"offers {v!r}, which is not among actions")
+    if t == 'information_subpage':
+        content = _need(v2, 'content', (str, list))
+        content = [content] if isinstance(content, str) else _strings(content, 'content')
+        return dict(asin=p['asin'], title=p['title'], section=_need(v2, 'subpage', str).lower(), content=content)
+    options = [dict(name=n, key=n, values=list(vs), selected=chosen.get(n)) for n, vs in offered.items()]
+    return dict(asin=p['asin'], title=p['title'], brand=p['brand'], category=p['category'],
+                price=v2.get('selected_price', p['price']), rating=v2.get('rating'), options=options)
+
+# %% ../nbs/02a_server.ipynb #f4683366
+def from_v2(v2) -> dict:
+    "A v2 page as the state the agent layer reads; a page that breaks v2 raises `ShopProtocolError`."
+    if not isinstance(v2, dict):
+        raise ShopProtocolError('observation_state', f"is a {type(v2).__name__}, not an object")
+    version = _need(v2, 'observation_version', str)
+    if version != OBSERVATION_V2:
+        raise ShopProtocolError('observation_version', f"is {version!r}, not {OBSERVATION_V2!r}")
+    if leak := [k for k in HIDDEN_FIELDS if k in v2]:
+        raise ShopProtocolError(leak[0], "must never be shown to the agent")
+    t = _need(v2, 'page_type', str)
+    if t not in PAGE_TYPES: raise ShopProtocolError('page_type', f"is {t!r}, not one of {', '.join(PAGE_TYPES)}")
+    actions = _strings(_need(v2, 'actions', list), 'actions')
+    s = dict(page_type=t, search_available=_need(v2, 'search_available', bool), clickables=actions,
+             version=STATE_VERSION)
+    if t == 'search_results': s.update(_results_from_v2(v2, actions))
+    elif t in ('product_detail', 'information_subpage'): s.update(_product_from_v2(v2, t, actions))
+    elif t == 'terminal' and isinstance(v2.get('message'), str): s['message'] = v2['message']
+    s.update({k: v2[k] for k in ('step', 'max_steps') if isinstance(v2.get(k), int)})
+    return s
 
 # %% ../nbs/02a_server.ipynb #0f6c07ec
-class ShopError(Exception):
-    "A request the service refuses; `status` is the HTTP code it answers with."
+class ShopError(ShopFault):
+    "A request the shop refuses or cannot serve; `status` is the HTTP code it answers with."
     def __init__(self, msg:str, status:int=400):
         super().__init__(msg)
         self.status = status
@@ -45,8 +175,13 @@ class ShopService:
         return old
 
 # %% ../nbs/02a_server.ipynb #f601b1ec
+def page_v2(env:ShopEnv) -> dict:
+    "The env's current page as observation v2."
+    s = env.state
+    return to_v2(s, env.catalog, env.selected.get(s.get('asin'), {}))
+
 def _answer(r, lease:Lease) -> dict:
-    out = dict(done=r.done, reward=r.reward, instruction=r.text, observation_state=r.state, env_idx=None)
+    out = dict(done=r.done, reward=r.reward, instruction=r.text, observation_state=page_v2(lease.env), env_idx=None)
     if r.done:
         out.update(reward_detail=r.detail, termination_reason=r.detail['termination_reason'],
                    reward_valid=r.detail['reward_valid'])
@@ -75,7 +210,7 @@ def _reset(self:ShopService, body:dict) -> dict:
     self.next_idx += 1
     self.leases[i] = Lease(env, task.task_id, time.time())
     return dict(env_idx=i, task_id=task.task_id, instruction=task.instruction, observation=render_state(state),
-                observation_state=state)
+                observation_state=page_v2(env))
 
 # %% ../nbs/02a_server.ipynb #758f71f9
 @patch
@@ -175,11 +310,19 @@ class RemoteShopEnv:
     "The `ShopEnv` surface over HTTP: reset/step/abort against a ShopSimulator-protocol server."
     def __init__(self, client, max_steps:int=35):
         self.client, self.max_steps, self.done = client, max_steps, True
-        self.reward, self.env_idx, self.log = None, None, EpisodeLog()
+        self.reward, self.env_idx, self.log, self.state = None, None, EpisodeLog(), None
     def reset(self, instruction:str, task:Task) -> dict:
         r = self.client.reset(task.task_id)
         self.env_idx, self.done, self.reward, self.log = r['env_idx'], False, None, EpisodeLog()
-        return r['observation_state']
+        try: self.state = self._page(r, 0)
+        except ShopProtocolError:
+            self._release()
+            raise
+        return self.state
+    def _page(self, answer:dict, step:int) -> dict:
+        "The answer's page read with `from_v2`; a server that does not send our step counter gets ours."
+        if 'observation_state' not in answer: raise ShopProtocolError('observation_state', "is missing from the answer")
+        return {'step': step, 'max_steps': self.max_steps, **from_v2(answer['observation_state'])}
 
 # %% ../nbs/02a_server.ipynb #6626bed2
 @patch
@@ -189,13 +332,17 @@ def step(self:RemoteShopEnv, action:str):
     except ShopError as e:
         if e.status == 400: raise InvalidAction(str(e)) from None
         raise
+    state = self._page(r, self.log.steps + 1)  # a page that breaks v2 raises before the episode changes
+    if not isinstance(r.get('done'), bool): raise ShopProtocolError('done', "must be true or false")
+    if r['done'] and not isinstance(r.get('reward_detail'), dict):
+        raise ShopProtocolError('reward_detail', "is missing from the answer that ends the episode")
     self.log.steps += 1
-    self.done = r['done']
+    self.state, self.done = state, r['done']
     if self.done:
         self.reward = RewardDetail(**r['reward_detail'])
-        self.log.termination_reason = r['termination_reason']
+        self.log.termination_reason = r['reward_detail']['termination_reason']
         self._release()
-    return StepResult(r['observation_state'], r['instruction'], r['done'], r['reward'], r.get('reward_detail'))
+    return StepResult(state, render_state(state), r['done'], r.get('reward'), r.get('reward_detail'))
 
 @patch
 def abort(self:RemoteShopEnv, reason:str='max_steps') -> dict:

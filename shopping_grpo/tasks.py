@@ -4,16 +4,18 @@
 
 # %% ../nbs/01_tasks.ipynb #6ff93bdf
 from __future__ import annotations
-import hashlib, json, random, zlib
-from dataclasses import dataclass, field, asdict
+import functools, hashlib, json, random, zlib
+from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price
 from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
-__all__ = ['PHRASES', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK', 'TaskFacts', 'Task', 'satisfies', 'word_request',
-           'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
-           'load_benchmark', 'verify_task', 'freeze_benchmark']
+__all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK',
+           'BENCHMARKS', 'TaskFacts', 'Task', 'satisfies', 'word_request', 'wording_styles', 'number_words',
+           'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword', 'reword_tasks', 'CategoryIndex',
+           'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks', 'benchmark_file',
+           'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -43,8 +45,12 @@ class Task:
     lang: str
     instruction: str
     facts: TaskFacts
+    wording: str|None = None  # id of the wording style; None: the template style
 
-    def as_dict(self) -> dict: return asdict(self)
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if d['wording'] is None: del d['wording']  # template tasks keep the bytes they always had
+        return d
     @classmethod
     def from_dict(cls, d:dict) -> 'Task': return cls(**{**d, 'facts': TaskFacts(**d['facts'])})
 
@@ -104,6 +110,147 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     if not parts: return head + '.'
     space = ' ' if lang == 'en' else '，'
     return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
+
+# %% ../nbs/01_tasks.ipynb #d7cac943
+WORDINGS = ('template', 'varied')  # how requests are written: the one template style, or the styles of the file
+STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
+STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
+
+@functools.lru_cache(maxsize=8)
+def _read_styles(path:str|None) -> tuple[dict, ...]:
+    "The styles of a styles file, checked; the packaged file when `path` is None."
+    from importlib import resources
+    where = Path(path) if path else resources.files('shopping_grpo')/'data'/'wording_styles.json'
+    data = json.loads(where.read_text('utf-8'))
+    styles, seen = data['styles'], set()
+    for s in styles:
+        if s['id'] in seen: raise ValueError(f"{where}: style id {s['id']!r} appears twice")
+        seen.add(s['id'])
+        if s['lang'] not in LANGS or s['split'] not in STYLE_SPLITS:
+            raise ValueError(f"{where}: style {s['id']!r} has language {s['lang']!r} and split {s['split']!r}")
+    for lg in {s['lang'] for s in styles}:
+        used = {sp: {(k, x) for s in styles if (s['lang'], s['split']) == (lg, sp) for k in STYLE_KEYS for x in s[k]}
+                for sp in STYLE_SPLITS}
+        if shared := used['train'] & used['heldout']:
+            raise ValueError(f"{where}: held-out {lg} styles share templates with training ones: {sorted(shared)[:3]}")
+    return tuple(dict(s, needs_table=data['needs'][s['lang']]) for s in styles)
+
+def wording_styles(lang:str|None=None, split:str|None=None, path=None) -> list[dict]:
+    "The wording styles of `shopping_grpo/data/wording_styles.json` (or `path`), of one language and split if given."
+    if split is not None and split not in STYLE_SPLITS: raise ValueError(f"style split must be one of {STYLE_SPLITS}")
+    return [s for s in _read_styles(str(path) if path else None)
+            if (lang is None or s['lang'] == lang) and (split is None or s['split'] == split)]
+
+# %% ../nbs/01_tasks.ipynb #82696023
+_EN_ONES = ('zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen '
+            'seventeen eighteen nineteen').split()
+_EN_TENS = 'zero ten twenty thirty forty fifty sixty seventy eighty ninety'.split()
+_ZH_DIGITS = '零一二三四五六七八九'
+
+def _en_below_100(n:int) -> str:
+    return _EN_ONES[n] if n < 20 else _EN_TENS[n//10] + (f'-{_EN_ONES[n%10]}' if n % 10 else '')
+
+def number_words(n:int, lang:str) -> str|None:
+    "A round amount in words as people write it ('two hundred', '两百', '一千四'); None for one nobody writes so."
+    if n < 10 or n >= 10_000 or n % 10: return None
+    if lang == 'en':
+        if n < 100: return _en_below_100(n)
+        if n < 1000: return _EN_ONES[n//100] + ' hundred' + (f' and {_en_below_100(n%100)}' if n % 100 else '')
+        if n % 100: return None
+        return _EN_ONES[n//1000] + ' thousand' + (f' {_EN_ONES[n%1000//100]} hundred' if n % 1000 else '')
+    lead = lambda d: '两' if d == 2 else _ZH_DIGITS[d]
+    if n < 100: return ('' if n < 20 else _ZH_DIGITS[n//10]) + '十'
+    if n < 1000: return lead(n//100) + '百' + (_ZH_DIGITS[n%100//10] if n % 100 else '')
+    if n % 100: return None
+    return lead(n//1000) + '千' + (_ZH_DIGITS[n%1000//100] if n % 1000 else '')
+
+def write_number(n:int, form:str, lang:str) -> str:
+    "Whole amount `n` written in `form`: plain '1428', comma '1,428', words 'two hundred', k '1.4k' (else plain)."
+    if form == 'comma': return f'{n:,}'
+    if form == 'words': return number_words(n, lang) or str(n)
+    if form == 'k' and n >= 1000 and n % 100 == 0: return f'{n/1000:g}k'
+    return str(n)
+
+# %% ../nbs/01_tasks.ipynb #1ef89f7c
+def write_name(x:str, form:str) -> str:
+    "A brand or model as people type it: as_is, lower, nodash ('JN579') or space ('JN 579')."
+    if form == 'lower': return x.lower()
+    if form == 'nodash': return x.replace('-', '')
+    if form == 'space': return x.replace('-', ' ')
+    return x
+
+def _typo(text:str, rng:random.Random) -> str:
+    "One pair of adjacent letters swapped inside one longer word of filler text."
+    words = [i for i, w in enumerate(text.split(' ')) if len(w) >= 5 and w.isalpha()]
+    if not words: return text
+    ws = text.split(' ')
+    i = rng.choice(words)
+    j = rng.randrange(1, len(ws[i]) - 2)
+    ws[i] = ws[i][:j] + ws[i][j+1] + ws[i][j] + ws[i][j+2:]
+    return ' '.join(ws)
+
+def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) -> str:
+    "A request for facts `f` about product `p` written in `style`: same constraints, a person's wording."
+    s, cat, pick = style, p['category_name'], rng.choice
+    name = {a['key']: a for a in p['axes'] or []}
+    disp = lambda k, v: name[k]['values'][name[k]['value_keys'].index(v)]
+    brand = write_name(p['brand'], pick(s['brand_forms'])) if f.brand else None
+    item = cat if lang == 'zh' else f"{_article(cat)} {cat}"
+    if brand and rng.random() < s['brand_first']:  # 'a loomera running shoe', '露梅拉跑鞋'
+        item = brand + cat if lang == 'zh' else f"{_article(brand)} {brand} {cat}"
+        brand = None
+    opener = pick(s['open'])
+    if s['p_typo'] and rng.random() < s['p_typo']: opener = _typo(opener, rng)  # a typo in the filler words only
+    filler = opener.format(item=item)
+    parts = []
+    if brand: parts.append(pick(s['brand']).format(x=brand))
+    if f.model: parts.append(pick(s['model']).format(x=write_name(p['model'], pick(s['model_forms']))))
+    feats = [p['features'][p['feature_keys'].index(k)] for k in f.features]
+    need = [k for k in f.features if k in s['needs_table'] and rng.random() < s['needs']]
+    parts += [pick(s['needs_table'][k]) for k in need]
+    plain = [p['features'][p['feature_keys'].index(k)] for k in f.features if k not in need]
+    if plain: parts.append(pick(s['features']).format(x=s['and_'].join(plain)))
+    parts += [pick(s['options']).format(x=disp(k, v), axis=name[k]['name']) for k, v in f.options.items()]
+    rng.shuffle(parts)
+    if f.budget is not None:
+        n, t = int(f.budget), int(f.target_price // 10 * 10)
+        hope = s['hope'] and 10 <= t < n and rng.random() < 0.3
+        form = pick(s['numbers'])
+        x = pick(s['hope']).format(t=t, n=write_number(n, form, lang)) if hope else \
+            pick(s['budget']).format(n=write_number(n, form, lang))
+        parts.insert(rng.randrange(len(parts) + 1) if s['free_order'] else len(parts), x)
+    sep = pick(s['sep'])
+    if s['p_nospace'] and rng.random() < s['p_nospace']: sep = sep.rstrip(' ') or sep
+    stop, gap = ('。', '') if lang == 'zh' else ('.', ' ')
+    if len(parts) >= 2 and rng.random() < s['p_split']:  # the constraints over two sentences
+        cut = rng.randrange(1, len(parts))
+        text = filler + (('，' if lang == 'zh' else ', ') + sep.join(parts[:cut]) if parts[:cut] else '') + stop + gap
+        text += pick(s['second']).format(x=sep.join(parts[cut:])) + pick(s['end'])
+    elif parts: text = filler + ('，' if lang == 'zh' else ', ') + sep.join(parts) + pick(s['end'])
+    else: text = filler + pick(s['end'])
+    if s['context'] and rng.random() < s['p_context']:
+        c, text = pick(s['context']), text.rstrip()
+        closed = text[-1:] in '.!?。！？'
+        text = c + gap + text if rng.random() < 0.5 else text + ('' if closed else stop) + gap + c
+    if s['p_polite'] and rng.random() < s['p_polite']:
+        text = (pick(s['before']) + text if s['before'] and rng.random() < 0.5 else text) + \
+               (pick(s['after']) if s['after'] and rng.random() < 0.6 else '')
+    return text
+
+# %% ../nbs/01_tasks.ipynb #a19e1c34
+def wording_rng(seed:int, task_id:str, lang:str) -> random.Random:
+    "The random stream of one task's wording: its own, so drawing a wording never moves the draws of the facts."
+    return random.Random(f'wording:{seed}:{lang}:{task_id}')
+
+def reword(t:Task, p:dict, seed:int, split:str) -> Task:
+    "Task `t` (whose target is `p`) with its request written in a style of `split`, drawn from the task's own stream."
+    rng = wording_rng(seed, t.task_id, t.lang)
+    style = rng.choice(wording_styles(t.lang, split))
+    return replace(t, instruction=word_varied(t.facts, p, t.lang, rng, style), wording=style['id'])
+
+def reword_tasks(tasks:list[Task], catalog:Catalog, seed:int, split:str='heldout') -> list[Task]:
+    "Every task of `tasks` reworded in styles of `split`; ids and facts unchanged."
+    return [reword(t, catalog.by_asin(t.facts.target_asin), seed, split) for t in tasks]
 
 # %% ../nbs/01_tasks.ipynb #399c55bd
 class CategoryIndex:
@@ -171,9 +318,11 @@ def split_of_cluster(cluster:int, seed:int) -> str:
     return SPLITS[-1]
 
 # %% ../nbs/01_tasks.ipynb #b3b0cd13
-def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None,
-               progress:bool=False) -> dict[str, list[Task]]:
+def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, progress:bool=False,
+               wording:str='template',  # 'varied': training splits in train styles, the eval split in held-out ones
+               ) -> dict[str, list[Task]]:
     "Tasks for every split in `sizes`, deterministic in `seed`; targets drawn from each split's clusters."
+    if wording not in WORDINGS: raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
     from tqdm.auto import tqdm
     lang, rng, cats = lang or catalog.lang, random.Random(seed), CategoryIndex(catalog)
     order = list(range(len(catalog)))
@@ -184,7 +333,9 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None,
     for r in order:
         s = split_of_cluster(clusters[r], seed)
         if s not in out or len(out[s]) >= sizes[s]: continue
-        t = make_task(catalog.product(r), cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
+        p = catalog.product(r)
+        t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
+        if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
         if t:
             out[s].append(t)
             bar.update()
@@ -221,12 +372,19 @@ def read_tasks(path, catalog:Catalog|None=None) -> list[Task]:
 # %% ../nbs/01_tasks.ipynb #ea55d856
 BENCHMARK = dict(n_products=20_000, seed=0, task_seed=1, n_tasks=200)
 
-def load_benchmark(catalog:Catalog, lang:str|None=None) -> list[Task]:
-    "The frozen benchmark, verified against `data/benchmark.sha256` and the catalog."
-    lang = lang or catalog.lang
-    path = data_dir()/f'benchmark_{lang}.jsonl'
+BENCHMARKS = ('template', 'freeform')  # the frozen benchmarks: the same tasks, in the template or held-out styles
+
+def benchmark_file(lang:str, name:str='template') -> str:
+    "The file name of frozen benchmark `name` in `lang`: `benchmark_en.jsonl`, `benchmark_en_freeform.jsonl`."
+    if name not in BENCHMARKS: raise ValueError(f"unknown benchmark {name!r}: one of {BENCHMARKS}")
+    return f'benchmark_{lang}.jsonl' if name == 'template' else f'benchmark_{lang}_{name}.jsonl'
+
+def load_benchmark(catalog:Catalog, lang:str|None=None, name:str='template', data=None) -> list[Task]:
+    "Frozen benchmark `name`, verified against `benchmark.sha256` of `data` (default `data/`) and the catalog."
+    lang, data = lang or catalog.lang, Path(data or data_dir())
+    path = data/benchmark_file(lang, name)
     if not path.exists(): raise FileNotFoundError(f"no frozen benchmark at {path}")
-    want = json.loads((data_dir()/'benchmark.sha256').read_text())
+    want = json.loads((data/'benchmark.sha256').read_text())
     h = sha256_file(path)
     if h != want.get(path.name):
         expected = want.get(path.name, '?')[:12]
@@ -254,5 +412,25 @@ def freeze_benchmark(run_dir, langs=LANGS, out_dir=None) -> dict:
         bad = {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}
         if bad: raise ValueError(f"benchmark tasks fail verification: {bad}")
         hashes[f'benchmark_{lg}.jsonl'] = write_tasks(out/f'benchmark_{lg}.jsonl', ts, cat)
-    write_atomic(out/'benchmark.sha256', json.dumps(hashes, indent=1) + '\n')
+    _record_hashes(out, hashes)
+    return hashes
+
+def _record_hashes(out:Path, hashes:dict):
+    "Add or update `hashes` in `out/benchmark.sha256`, keeping the other entries."
+    old = json.loads((out/'benchmark.sha256').read_text()) if (out/'benchmark.sha256').exists() else {}
+    write_atomic(out/'benchmark.sha256', json.dumps({**old, **hashes}, indent=1) + '\n')
+
+def freeze_freeform(run_dir, langs=LANGS, out_dir=None) -> dict:
+    "Write the free-form benchmark: the frozen tasks (same ids and facts) reworded in held-out styles; their hashes."
+    b, out, hashes = BENCHMARK, Path(out_dir or data_dir()), {}
+    build_catalog(Path(run_dir)/'catalog', b['n_products'], b['seed'])
+    for lg in langs:
+        cat = Catalog.load(Path(run_dir)/'catalog', lg)
+        cats = CategoryIndex(cat)
+        ts = reword_tasks(load_benchmark(cat, lg, 'template', out), cat, b['task_seed'], 'heldout')
+        bad = {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}
+        if bad: raise ValueError(f"free-form benchmark tasks fail verification: {bad}")
+        name = benchmark_file(lg, 'freeform')
+        hashes[name] = write_tasks(out/name, ts, cat)
+    _record_hashes(out, hashes)
     return hashes

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _helpers import N_PRODUCTS, SEED, SIZES, replay, as_json
+from _helpers import N_PRODUCTS, SEED, SIZES, as_json
 
 STARTUP_S, STOP_S = 90.0, 15.0
 CLI = Path(sys.executable).with_name('shopping-grpo')  # the console script of this venv
@@ -58,6 +58,18 @@ class Server:
 
     def client(self, timeout:float=30.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
+
+
+def pages_v2(shop, task, actions) -> tuple[list[dict], object]:
+    "The pages the server sends for `actions` played in-process (v2, after reset and each step), and the last step."
+    from shopping_grpo.server import page_v2
+    env = shop.env()
+    env.reset(task.instruction, task)
+    pages, r = [as_json(page_v2(env))], None
+    for a in actions:
+        r = env.step(a)
+        pages.append(as_json(page_v2(env)))
+    return pages, r
 
 
 def task_files(run_dir) -> dict:
@@ -201,8 +213,8 @@ def test_refused_request_leaves_session_unchanged(name, server, http, shop, orac
     assert words in error_of(r, status)
     # the session is untouched: the next valid action gives what it gives in-process without the refused request
     after = ok(post(http, dict(action='interact', env_idx=i, response='click[features]')))
-    states, _, _ = replay(shop, task, prefix + ['click[features]'])
-    assert after['observation_state'] == as_json(states[-1])
+    pages, _ = pages_v2(shop, task, prefix + ['click[features]'])
+    assert after['observation_state'] == pages[-1]
     assert after['observation_state']['step'] == before['observation_state']['step'] + 1
     back = ok(post(http, dict(action='interact', env_idx=i, response='click[< prev]')))
     assert back['observation_state'] == before['observation_state'] | dict(step=len(prefix) + 2)
@@ -223,8 +235,8 @@ def test_released_and_finished_sessions(http, shop, oracle_records):
     assert end['done'] is True and end['reward_detail']['outcome'] == 'early_abstain' and end['reward_valid'] is True
     assert 'episode has ended' in error_of(post(http, dict(action='interact', env_idx=j, response='search[x]')), 400)
     ok(post(http, dict(action='release_one', env_idx=j)))
-    states, _, _ = replay(shop, task, prefix + ['click[features]'])
-    assert ok(post(http, dict(action='interact', env_idx=a, response='click[features]')))['observation_state'] == as_json(states[-1])
+    pages, _ = pages_v2(shop, task, prefix + ['click[features]'])
+    assert ok(post(http, dict(action='interact', env_idx=a, response='click[features]')))['observation_state'] == pages[-1]
     ok(post(http, dict(action='release_one', env_idx=a)))
 
 
@@ -323,9 +335,9 @@ def test_concurrent_sessions_do_not_cross_talk(server, shop, all_tasks, oracle_r
     for t in tasks:
         rec = oracle_records[t.task_id]; acts = [s['action'] for s in rec['steps']]
         assert all('error' not in s for s in rec['steps']) and rec['termination_reason'] in ('purchase', 'finish')
-        states, last, _ = replay(shop, t, acts)
+        pages, last = pages_v2(shop, t, acts)
         assert last.detail == rec['reward_detail']
-        plans[t.task_id] = (acts, as_json(states), as_json(rec['reward_detail']))
+        plans[t.task_id] = (acts, pages, as_json(rec['reward_detail']))
 
     barrier, results, errors = threading.Barrier(N_SESSIONS, timeout=30), {}, {}
 
