@@ -52,7 +52,8 @@ def page(env) -> dict:
         rows, pg = top['rows'], top['page']
         pages = max(1, -(-len(rows) // PAGE_SIZE))
         start = (pg - 1)*PAGE_SIZE
-        shown = [dict(rank=start + i + 1, **product(cat.product(r))) for i, r in enumerate(rows[start:start + PAGE_SIZE])]
+        window = rows[start:start + PAGE_SIZE]
+        shown = [dict(rank=start + i + 1, **product(cat.product(r))) for i, r in enumerate(window)]
         nav = [BACK] + ([PREV] if pg > 1 else []) + ([NEXT] if pg < pages else [])
         out.update(actions=nav + [p['asin'] for p in shown], query=top['query'],
                    normalized_query=' '.join(re.findall(r'[a-z0-9]+', top['query'].lower())), page=pg,
@@ -72,7 +73,7 @@ def page(env) -> dict:
 
 
 def broken(state:dict, fault:str) -> dict:
-    "`state` with one fault: an unknown version, a missing required field, a product or option shown but not actionable."
+    "`state` with one fault: an unknown version, a missing field, a product or option shown but not actionable."
     state = dict(state)
     if fault == 'version': state['observation_version'] = 'shopping-observation-v3'
     elif fault == 'missing_field': del state['search_available']
