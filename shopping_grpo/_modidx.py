@@ -627,6 +627,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'shopping_grpo.server.from_v2': ('server.html#from_v2', 'shopping_grpo/server.py'),
                                       'shopping_grpo.server.make_app': ('server.html#make_app', 'shopping_grpo/server.py'),
                                       'shopping_grpo.server.page_v2': ('server.html#page_v2', 'shopping_grpo/server.py'),
+                                      'shopping_grpo.server.reward_from_wire': ('server.html#reward_from_wire', 'shopping_grpo/server.py'),
                                       'shopping_grpo.server.serve': ('server.html#serve', 'shopping_grpo/server.py'),
                                       'shopping_grpo.server.to_v2': ('server.html#to_v2', 'shopping_grpo/server.py')},
             'shopping_grpo.sft': { 'shopping_grpo.sft.ActionLoss': ('sft.html#actionloss', 'shopping_grpo/sft.py'),

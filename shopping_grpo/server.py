@@ -8,15 +8,16 @@ import json, threading, time
 from fastcore.basics import patch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from .env import (ShopEnv, Catalog, InvalidAction, ShopFault, EpisodeLog, StepResult, render_state,
                                result_row, detail_state, query_terms, STATE_VERSION, PAGE_TYPES, NAV)
 from .shop import Shop, prepare_shop
 from .reward import RewardDetail, score_episode
 
 # %% auto #0
-__all__ = ['OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'to_v2', 'ShopProtocolError', 'from_v2', 'ShopError',
-           'Lease', 'ShopService', 'page_v2', 'make_app', 'ShopClient', 'RemoteShopEnv', 'serve']
+__all__ = ['OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'REWARD_FIELDS', 'to_v2', 'ShopProtocolError',
+           'from_v2', 'ShopError', 'Lease', 'ShopService', 'page_v2', 'make_app', 'ShopClient', 'RemoteShopEnv',
+           'reward_from_wire', 'serve']
 
 # %% ../nbs/02a_server.ipynb #5d0dd76f
 OBSERVATION_V2 = 'shopping-observation-v2'
@@ -324,6 +325,20 @@ class RemoteShopEnv:
         if 'observation_state' not in answer: raise ShopProtocolError('observation_state', "is missing from the answer")
         return {'step': step, 'max_steps': self.max_steps, **from_v2(answer['observation_state'])}
 
+# %% ../nbs/02a_server.ipynb #52184c3f
+REWARD_FIELDS = ('reward', 'outcome', 'reward_valid', 'termination_reason')
+
+def reward_from_wire(answer:dict) -> RewardDetail:
+    "The `RewardDetail` of a server's final answer; a detail of another shape (another server's reward) is kept in `note`."
+    d = answer['reward_detail']
+    if all(k in d for k in REWARD_FIELDS):
+        known = {f.name for f in fields(RewardDetail)}
+        return RewardDetail(**{k: v for k, v in d.items() if k in known})
+    reason = answer.get('termination_reason') or d.get('termination_reason') or 'unknown'
+    note = json.dumps(d, ensure_ascii=False, sort_keys=True)[:2000]
+    return RewardDetail(float(answer.get('reward') or 0.0), str(d.get('outcome') or 'foreign'),
+                        bool(answer.get('reward_valid', True)), str(reason), note=note)
+
 # %% ../nbs/02a_server.ipynb #6626bed2
 @patch
 def step(self:RemoteShopEnv, action:str):
@@ -339,8 +354,8 @@ def step(self:RemoteShopEnv, action:str):
     self.log.steps += 1
     self.state, self.done = state, r['done']
     if self.done:
-        self.reward = RewardDetail(**r['reward_detail'])
-        self.log.termination_reason = r['reward_detail']['termination_reason']
+        self.reward = reward_from_wire(r)
+        self.log.termination_reason = self.reward.termination_reason
         self._release()
     return StepResult(state, render_state(state), r['done'], r.get('reward'), r.get('reward_detail'))
 
