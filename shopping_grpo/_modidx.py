@@ -653,7 +653,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.agreement_table': ('sft.html#agreement_table', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.call_names': ('sft.html#call_names', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.departure': ('sft.html#departure', 'shopping_grpo/sft.py'),
-                                   'shopping_grpo.sft.generated_text': ('sft.html#generated_text', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.labelled_nll': ('sft.html#labelled_nll', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.merge_lora': ('sft.html#merge_lora', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.pin_sft_run': ('sft.html#pin_sft_run', 'shopping_grpo/sft.py'),

@@ -9,21 +9,16 @@ from collections import Counter
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from .records import write_atomic, sha256_file, append_record, read_jsonl, pin_run, package_versions
-from .episode import ChatRenderer, hermes_text
+from .episode import ChatRenderer, hermes_text, generated_text
 from .collect import load_trajectories
 
 # %% auto #0
-__all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'generated_text', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator',
-           'labelled_nll', 'action_loss', 'SFTConfig', 'sft_config', 'tiny_model', 'ActionLoss', 'sft_summary',
-           'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure', 'turn_agreement',
-           'agreement_table']
+__all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator', 'labelled_nll',
+           'action_loss', 'SFTConfig', 'sft_config', 'tiny_model', 'ActionLoss', 'sft_summary', 'pin_sft_run',
+           'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
-
-def generated_text(msg:dict) -> str:
-    "What the model writes for an assistant message: its content, then its tool call as Hermes text."
-    return (msg.get('content') or '') + (hermes_text(msg) if msg.get('tool_calls') else '')
 
 # %% ../nbs/05_sft.ipynb #19289140
 def sft_example(messages:list[dict], renderer:ChatRenderer, max_len:int=8192) -> dict|None:

@@ -210,14 +210,18 @@ def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) ->
     parts += [pick(s['needs_table'][k]) for k in need]
     plain = [p['features'][p['feature_keys'].index(k)] for k in f.features if k not in need]
     if plain: parts.append(pick(s['features']).format(x=s['and_'].join(plain)))
-    parts += [pick(s['options']).format(x=disp(k, v), axis=name[k]['name']) for k, v in f.options.items()]
+    shown = [disp(k, v) for k, v in f.options.items()]
+    parts += [pick(s['options']).format(x=x, axis=name[k]['name']) for k, x in zip(f.options, shown)]
     rng.shuffle(parts)
     if f.budget is not None:
-        n, t = int(f.budget), int(f.target_price // 10 * 10)
-        hope = s['hope'] and 10 <= t < n and rng.random() < 0.3
+        n, t = int(f.budget), int((f.target_price or 0) // 10 * 10)  # the bound; a round figure below it
+        # '块' is also a count ('300块' building blocks): where an option says it, money is written in '元' only
+        clear = lambda xs: [x for x in xs if '块' not in x or not any('块' in o for o in shown)]
+        hopes, budgets = clear(s['hope']), clear(s['budget'])
+        hope = hopes and 10 <= t < n and rng.random() < 0.3
         form = pick(s['numbers'])
-        x = pick(s['hope']).format(t=t, n=write_number(n, form, lang)) if hope else \
-            pick(s['budget']).format(n=write_number(n, form, lang))
+        x = pick(hopes).format(t=t, n=write_number(n, form, lang)) if hope else \
+            pick(budgets).format(n=write_number(n, form, lang))
         parts.insert(rng.randrange(len(parts) + 1) if s['free_order'] else len(parts), x)
     sep = pick(s['sep'])
     if s['p_nospace'] and rng.random() < s['p_nospace']: sep = sep.rstrip(' ') or sep
