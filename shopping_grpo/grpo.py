@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
-from .records import write_atomic, append_record
+from .records import write_atomic, append_record, pin_run
 from .episode import run_lockstep, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
 
@@ -551,15 +551,14 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     import torch, transformers
     from transformers import AutoTokenizer
     from peft import LoraConfig
-    from shopping_grpo.sft import pin_sft_run
     from shopping_grpo.model import materialize_model
     c = recipe if isinstance(recipe, GRPORecipe) else GRPORecipe(**(recipe or {}))
     t0, out_dir, path = time.time(), Path(out_dir), str(materialize_model(model_path))
     out_dir.mkdir(parents=True, exist_ok=True)
     resume = last_checkpoint(out_dir)
     start = _ckpt_step(resume) if resume else 0
-    pin_sft_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}),
-                resume is not None)
+    pin_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}), obsolete=(),
+            fresh=resume is None)
     trim_after(out_dir, start)
     transformers.set_seed(c.seed)
     tok = AutoTokenizer.from_pretrained(path)
