@@ -195,6 +195,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.evaluate.hard_checks': ('evaluate.html#hard_checks', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.length_stratum': ( 'evaluate.html#length_stratum',
                                                                                    'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.local_decoder': ( 'evaluate.html#local_decoder',
+                                                                                  'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.local_policy': ('evaluate.html#local_policy', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.model_sha256': ('evaluate.html#model_sha256', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.open_policy': ('evaluate.html#open_policy', 'shopping_grpo/evaluate.py'),

@@ -24,13 +24,13 @@ from .episode import run_message_episode, play
 __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS', 'NAV_TOOLS',
            'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
            'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name',
-           'as_spec', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down',
-           'model_sha256', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories', 'check_events',
-           'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
-           'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
-           'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model', 'trained_models',
-           'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison',
-           'compare_wordings']
+           'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy',
+           'endpoint_down', 'model_sha256', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
+           'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats',
+           'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table',
+           'figures', 'tool_mix', 'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder',
+           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
+           'pairable', 'compare', 'write_comparison', 'compare_wordings']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -57,6 +57,9 @@ def tasks_ident(shop:Shop, tasks:list[Task], source:str, benchmark_sha256:str|No
 def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None, benchmark:str='template') -> tuple[list[Task], dict]:
     "The tasks of benchmark `benchmark` (template or freeform) and what identifies them; refuses a changed frozen one."
     found = verify_benchmark(shop.catalog.lang, data, benchmark)
+    if found is None and len(shop.catalog) == BENCHMARK['n_products']:  # the default shop: its benchmark must be found
+        raise FileNotFoundError(f"no frozen {benchmark} benchmark in {Path(data or data_dir())} for this shop; point "
+                                f"$SHOPPING_GRPO_DATA at the repository's data/ folder (an installed package has none)")
     head = (read_jsonl(found[0])[0] or [{}])[0] if found else {}
     named = '' if benchmark == 'template' else f' {benchmark}'  # the template benchmark keeps the names it always had
     if head.get('catalog_sha256') == shop.catalog.sha256:
@@ -111,13 +114,19 @@ def as_spec(x, **kw) -> PolicySpec:
     return PolicySpec(name or default_name(kind, arg), kind, arg, **(kw if kind in MODEL_KINDS else {}))
 
 # %% ../nbs/07_evaluate.ipynb #d556c187
+def local_decoder(device:str|None=None) -> str:
+    "The decoder a local checkpoint plays with: 'static' (static KV cache, CUDA graphs) on CUDA, else 'generate'."
+    import torch
+    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    return 'static' if str(device).startswith('cuda') else 'generate'
+
 def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None):
-    "A local checkpoint as a greedy token policy, and the runner arguments it needs."
+    "A local checkpoint as a greedy token policy (the static-cache decoder on CUDA), and the runner arguments it needs."
     from shopping_grpo.model import materialize_model
-    from shopping_grpo.generate import TransformersPolicy
+    from shopping_grpo.generate import TransformersPolicy, StaticDecoder
     from shopping_grpo.episode import ChatRenderer
-    pol = TransformersPolicy(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens,
-                             device=device)
+    decoder = StaticDecoder if local_decoder(device) == 'static' else TransformersPolicy
+    pol = decoder(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device)
     pol.name = spec.name
     return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens)
 

@@ -170,7 +170,8 @@ def task_list_sha256(tasks) -> str:
     return h.hexdigest()
 
 def data_dir() -> Path:
-    "The repository's `data/` folder (frozen benchmark and its hashes)."
+    "The repository's `data/` folder (frozen benchmarks and their hashes); $SHOPPING_GRPO_DATA when set."
+    if env := os.environ.get('SHOPPING_GRPO_DATA'): return Path(env)
     return Path(__file__).resolve().parent.parent/'data' if '__file__' in globals() else Path('../data').resolve()
 
 def benchmark_hash(lang:str='en') -> str|None:
