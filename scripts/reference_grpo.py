@@ -99,15 +99,14 @@ def evaluate_checkpoint(shop, name:str, path:str, run:Path, a) -> dict:
     "Greedy benchmark episodes of checkpoint `path` into run/eval/<name>/ with 07_evaluate's checks and summary (resumes by task)."
     from transformers import AutoTokenizer
     from shopping_grpo.episode import ChatRenderer
-    from shopping_grpo.evaluate import evaluate
     from shopping_grpo.generate import StaticDecoder, TransformersPolicy
-    from shopping_grpo.evaluate import as_spec, benchmark_tasks, eval_settings, prepare_folder, task_strata, write_eval_summary
+    from shopping_grpo.evaluate import as_spec, benchmark_tasks, eval_settings, evaluate, prepare_folder
     tasks, ident = benchmark_tasks(shop, a.n_eval); spec = as_spec(f'{name}=transformers:{path}', max_new_tokens=a.max_new_tokens)
     settings, out, t0 = eval_settings(spec, ident, shop, a.max_turns), run/'eval'/name, time.time(); prepare_folder(out, settings)
     dec = (StaticDecoder if a.device == 'cuda' else TransformersPolicy)(path, temperature=0.0, max_new_tokens=a.max_new_tokens); dec.name = name
-    evaluate(shop, tasks, dec, out, renderer=ChatRenderer(AutoTokenizer.from_pretrained(path), None, 'en'), batch_size=a.eval_batch, progress=False,
-             max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, config=settings)
-    s = write_eval_summary(out, tasks, ident, task_strata(shop, tasks), spec.public())
+    s = evaluate(shop, tasks, dec, out, renderer=ChatRenderer(AutoTokenizer.from_pretrained(path), None, 'en'), batch_size=a.eval_batch,
+                 progress=False, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, config=settings, ident=ident,
+                 spec=spec.public())
     return s | dict(generation=dict(tokens=dec.generated, seconds=round(dec.gen_seconds, 1), tokens_per_s=round(dec.generated / max(dec.gen_seconds, 1e-9)),
                                     wall_minutes=round((time.time() - t0) / 60, 2), decoder=type(dec).__name__))
 

@@ -15,8 +15,9 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest',
-           'stage_key', 'read_ledger', 'record_stage', 'pipeline', 'serve_model']
+__all__ = ['app', 'ROOT', 'STAGES', 'HOST_PACKAGES', 'HOST_PLATFORMS', 'serve_env', 'load_profile', 'stage_parameters',
+           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'record_stage', 'pipeline', 'serve_model',
+           'project_wheel', 'download_wheels', 'pack_offline_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -115,15 +116,69 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')
 def serve_model(model:str=typer.Argument('smollm2',
-                                         help="'smollm2' (the embedded default), a Hub id or a checkpoint path"),
+                                         help="an embedded model ('smollm2', 'qwen2.5-0.5b'), a Hub id or a checkpoint path"),
                 port:int=typer.Option(8000, help='port on 127.0.0.1'),
                 name:str=typer.Option(None, help='served model name')):
-    "Serve a model with vLLM's OpenAI-compatible server on 127.0.0.1, once it is healthy; Ctrl-C stops it."
+    "Serve a model with vLLM's OpenAI-compatible server on 127.0.0.1, once it is healthy; Ctrl-C or SIGTERM stops it."
     from shopping_grpo.model import VLLMServer
     with VLLMServer(model, name=name, port=port) as srv:
         typer.echo(f'serving {srv.name} at {srv.base_url} (Ctrl-C stops it)', err=True)
         try: srv.proc.wait()
         except KeyboardInterrupt: pass
+
+# %% ../nbs/99_cli.ipynb #c42186dd
+HOST_PACKAGES = ['polars==2.1.0', 'polars-runtime-32==2.1.0', 'tantivy==0.27.0', 'fastcore', 'gguf==0.19.0']
+HOST_PLATFORMS = ['manylinux_2_17_x86_64', 'manylinux2014_x86_64']
+
+def project_wheel(dest:Path) -> Path:
+    "Build our own wheel into `dest` from a copy of the sources (the work tree gets no build folders)."
+    import shutil, subprocess, tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp)/'src'
+        src.mkdir()
+        for f in ('pyproject.toml', 'README.md', 'LICENSE'):
+            if (ROOT/f).exists(): shutil.copy(ROOT/f, src/f)
+        shutil.copytree(ROOT/'shopping_grpo', src/'shopping_grpo', ignore=shutil.ignore_patterns('__pycache__'))
+        subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation',
+                        '-w', str(dest), str(src)], check=True)
+    return next(dest.glob('shopping_grpo-*.whl'))
+
+def download_wheels(specs:list[str], dest:Path, python_version:str, platforms:list[str], implementation:str='cp'):
+    "Download wheels of `specs` (no dependencies) for another Python and platform into `dest`."
+    import subprocess
+    plat = [a for p in platforms for a in ('--platform', p)]
+    subprocess.run([sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary=:all:',
+                    '--python-version', python_version, '--implementation', implementation, *plat,
+                    '-d', str(dest), *specs], check=True)
+    return sorted(dest.glob('*.whl'))
+
+@app.command('pack-offline')
+def pack_offline_command(
+        out:str=typer.Argument(..., help='folder that receives the pieces, MANIFEST.json and assemble.sh'),
+        model:str=typer.Option('qwen2.5-0.5b', help="embedded model whose GGUF travels; 'none': no model"),
+        gguf:str=typer.Option(None, help='the GGUF file to send; default: the embedded model\'s (joined if split)'),
+        piece_mb:float=typer.Option(46.0, help='piece size in MB (10^6 bytes)'),
+        package:list[str]=typer.Option(HOST_PACKAGES, help='packages to download as wheels for the host (repeat)'),
+        wheel:list[str]=typer.Option([], help='wheel files to send as they are (repeat)'),
+        project:bool=typer.Option(True, help='build and send our own wheel'),
+        download:bool=typer.Option(True, help='download --package wheels from PyPI; --no-download sends only --wheel files'),
+        python_version:str=typer.Option('3.12', help="the host's Python version"),
+        platform:list[str]=typer.Option(HOST_PLATFORMS, help="the host's platform tags (repeat)"),
+        implementation:str=typer.Option('cp', help="the host's Python implementation")):
+    "Pack wheels and a model's GGUF into pieces for a host without network, with MANIFEST.json and assemble.sh."
+    import tempfile
+    from shopping_grpo.model import pack_offline
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = [Path(w) for w in wheel]
+        if project: wheels.append(project_wheel(Path(tmp)/'project'))
+        if download and package:
+            wheels += download_wheels(package, Path(tmp)/'wheels', python_version, platform, implementation)
+        name = None if model.lower() == 'none' else model
+        man = pack_offline(out, wheels, name, gguf, piece_mb)
+    n = len(man['pieces'])
+    typer.echo(f"{n} pieces ({man['stream']['bytes']/1e6:.1f} MB) in {out}: send assemble.sh, MANIFEST.json and "
+               f"the pieces into one folder there, then run `bash assemble.sh /tmp/site`", err=True)
+    return man
 
 # %% ../nbs/99_cli.ipynb #77aad76c
 from .verl_loop import verl_train
