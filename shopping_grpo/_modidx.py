@@ -139,6 +139,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'shopping_grpo.episode._fail': ('agent.html#_fail', 'shopping_grpo/episode.py'),
                                        'shopping_grpo.episode._message_records': ( 'agent.html#_message_records',
                                                                                    'shopping_grpo/episode.py'),
+                                       'shopping_grpo.episode._unstarted': ('agent.html#_unstarted', 'shopping_grpo/episode.py'),
                                        'shopping_grpo.episode.episode_valid': ('agent.html#episode_valid', 'shopping_grpo/episode.py'),
                                        'shopping_grpo.episode.generated_text': ('agent.html#generated_text', 'shopping_grpo/episode.py'),
                                        'shopping_grpo.episode.hermes_text': ('agent.html#hermes_text', 'shopping_grpo/episode.py'),

@@ -9,7 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from fastcore.basics import patch
-from .env import ShopEnv
+from .env import ShopEnv, InvalidAction
+from .reward import RewardDetail
 from .tasks import Task
 from .shop import Shop
 from .records import Trajectory, append_record, read_records, repair_tail
@@ -60,7 +61,8 @@ def apply(self:Episode, reply, truncated:bool=False) -> str:
 # %% ../nbs/03_agent.ipynb #f242875e
 @patch
 def _refuse(self:Episode, kind:str, reason:str, message:str) -> str:
-    self.flags[reason if kind == 'tool_error' else 'guard_rejection'] += 1; self._event(kind, reason=reason, message=message)
+    self.flags[reason if kind == 'tool_error' else 'guard_rejection'] += 1
+    self._event(kind, reason=reason, message=message)
     return f"Tool error: {message}"
 
 @patch
@@ -68,14 +70,16 @@ def _act(self:Episode, call:ToolCall) -> str:
     self._event('action', tool=call.name, arguments=call.arguments, source=call.source)
     try: r = self.env.step(to_action(call.name, call.arguments))
     except InvalidAction as e: return self._refuse('guard_rejection', 'shop', str(e))
-    self.state = r.state; self._event('observation', page_type=r.state['page_type'], asin=r.state.get('asin'), done=r.done)
+    self.state = r.state
+    self._event('observation', page_type=r.state['page_type'], asin=r.state.get('asin'), done=r.done)
     return project(r.state, self.count, self.budgets)
 
 @patch
-def end(self:Episode, reason:str):
-    "End the episode from outside: the step limit, or an infrastructure failure (context overflow, generation error)."
+def end(self:Episode, reason:str, message:str|None=None):
+    "End the episode from outside: the step limit, or an infrastructure failure (context overflow, generation or shop error)."
     if self.done: return
-    self.state = self.env.abort(reason); self._event('end', reason=reason)
+    self.state = self.env.abort(reason)
+    self._event('end', reason=reason, **({'message': message[:300]} if message else {}))
     if reason != 'max_steps': self.infra = reason
 
 # %% ../nbs/03_agent.ipynb #8a9b8223
@@ -94,15 +98,37 @@ def record(self:Episode, policy:str, **extra) -> dict:
                       n_constraints=self.task.facts.n_constraints, extra=extra).as_dict()
 
 # %% ../nbs/03_agent.ipynb #a76c9b08
+def _unstarted(task:Task, policy:str, lang:str, err:Exception, t0:float) -> dict:
+    "The record of an episode whose shop failed at reset: an infrastructure end with no turn played."
+    why = f'{type(err).__name__}: {err}'[:300]
+    d = RewardDetail(0.0, 'infrastructure', False, 'env_error', note='the shop failed at reset').as_dict()
+    return Trajectory(task_id=task.task_id, policy=policy, model=policy, lang=lang, instruction=task.instruction,
+                      messages=[], events=[vars(Event('e0001', 0, 'end', dict(reason='env_error', message=why)))], steps=[],
+                      n_turns=0, n_steps=0, n_invalid=1, flags={'env_error': 1}, tool_counts={},
+                      termination_reason='env_error', infrastructure_invalid=True, reward=0.0, reward_detail=d,
+                      strict_success=False, purchase_success=False, n_constraints=task.facts.n_constraints,
+                      extra=dict(seconds=round(time.time() - t0, 3))).as_dict()
+
 def run_message_episode(shop:Shop, task:Task, policy, lang:str='en', max_turns:int=35, make_env=None) -> dict:
     "Play one task with a message policy (in-process shop, or `make_env()` e.g. a `RemoteShopEnv`); the trajectory record."
-    t0 = time.time(); ep = Episode((make_env or shop.env)(max_turns), task, lang, max_turns); policy.reset(task)
+    t0 = time.time()
+    try: ep = Episode((make_env or shop.env)(max_turns), task, lang, max_turns)
+    except Exception as e: return _unstarted(task, policy.name, lang, e, t0)  # the shop failed at reset
+    policy.reset(task)
     while not ep.done:
-        try: ep.apply(policy.reply(ep))
+        try: reply = policy.reply(ep)
         except PermissionError: raise
-        except ContextOverflow as e: ep._event('end', reason='context_overflow', message=str(e)); ep.end('context_overflow')
-        except Exception as e:  # a policy that cannot answer (endpoint down after retries) ends the episode, flagged
-            ep.flags['policy_error'] += 1; ep._event('end', reason='generation_error', message=str(e)[:300]); ep.end('generation_error')
+        except ContextOverflow as e:
+            ep.end('context_overflow', str(e))
+            continue
+        except Exception as e:  # a policy that cannot answer (endpoint down after retries): generation_error
+            ep.flags['policy_error'] += 1
+            ep.end('generation_error', f'{type(e).__name__}: {e}')
+            continue
+        try: ep.apply(reply)
+        except Exception as e:  # the shop failed (a broken page, a server down): env_error, never the agent's failure
+            ep.flags['env_error'] += 1
+            ep.end('env_error', f'{type(e).__name__}: {e}')
     return ep.record(policy.name, seconds=round(time.time() - t0, 3))
 
 # %% ../nbs/03_agent.ipynb #85520036
@@ -180,7 +206,8 @@ def scripted_run(shop:Shop, task:Task, renderer:ChatRenderer, lang:str='en', **k
 # %% ../nbs/03_agent.ipynb #1c0b04c0
 def _fail(te:TokenEpisode, reason:str, err:Exception):
     "End an episode whose generation or shop step raised: an infrastructure end, flagged and kept in the record."
-    te.ep.flags[reason] += 1; te.ep._event('end', reason=reason, message=f'{type(err).__name__}: {err}'[:300]); te.ep.end(reason)
+    te.ep.flags[reason] += 1
+    te.ep.end(reason, f'{type(err).__name__}: {err}')
 
 def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, name:str, batch_size:int=64, lang:str='en',
                  max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False):

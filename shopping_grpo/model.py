@@ -305,10 +305,10 @@ ASSEMBLE_SH = r'''#!/usr/bin/env bash
 #   PYTHON: the interpreter whose pip installs them (default python3)
 #   SHOPPING_GRPO_HOME: the model goes to $SHOPPING_GRPO_HOME/gguf/ (default ~/.cache/shopping_grpo)
 set -euo pipefail
-cd "$(dirname "$0")"
-SITE="${1:-/tmp/site}"
+SITE="$(realpath -m "${1:-/tmp/site}")"
+MODELS="$(realpath -m "${SHOPPING_GRPO_HOME:-$HOME/.cache/shopping_grpo}/gguf")"
 PYTHON="${PYTHON:-python3}"
-MODELS="${SHOPPING_GRPO_HOME:-$HOME/.cache/shopping_grpo}/gguf"
+cd "$(dirname "$0")"
 die() { echo "assemble.sh: $*" >&2; exit 1; }
 check() {  # FILE SHA256 WHAT-TO-DO
   [ -f "$1" ] || die "$1 is missing: $3"
@@ -345,13 +345,15 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
     import shlex, tarfile
     from shopping_grpo.records import write_atomic
     out, wheels = Path(out), [Path(w) for w in wheels]
-    if bad := [w for w in wheels if w.suffix != '.whl' or not w.is_file()]: raise FileNotFoundError(f"not wheel files: {bad}")
+    if bad := [str(w) for w in wheels if w.suffix != '.whl' or not w.is_file()]:
+        raise FileNotFoundError(f"not wheel files: {bad}")
     if model and gguf is None: gguf = model_gguf(model, home)
     elif model and model in EMBEDDED_MODELS:  # a file given for a registry model must be that model's
         _verified(EMBEDDED_MODELS[model], Path(gguf), "Pass the model's own GGUF, or none to use the installed one.")
     if not wheels and not model: raise ValueError("nothing to pack: name wheels, a model, or both")
     out.mkdir(parents=True, exist_ok=True)
-    if old := sorted(out.glob('stream.tar.*')): raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...)")
+    if old := sorted(out.glob('stream.tar.*')):
+        raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     name = f'{model}.gguf' if model else ''
     stream = _Pieces(out, 'stream.tar', int(piece_mb*1e6))
     with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar:
@@ -361,7 +363,8 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
             tar.add(gguf, arcname=f'gguf/{name}')
     stream.close()
     files = [dict(file=w.name, bytes=w.stat().st_size, sha256=sha256_stream(w)) for w in wheels]
-    model_rec = dict(name=model, file=name, bytes=Path(gguf).stat().st_size, sha256=sha256_stream(gguf)) if model else None
+    model_rec = None
+    if model: model_rec = dict(name=model, file=name, bytes=Path(gguf).stat().st_size, sha256=sha256_stream(gguf))
     manifest = dict(format=1, pieces=stream.pieces, stream=dict(bytes=sum(p['bytes'] for p in stream.pieces),
                     sha256=stream.whole.hexdigest()), wheels=files, model=model_rec,
                     created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
@@ -411,8 +414,9 @@ def default_chat_template(model) -> Path|None:
     if str(model) in EMBEDDED_MODELS:
         return chat_template_path() if EMBEDDED_MODELS[str(model)].project_template else None
     path = Path(model)
-    try: own = (path/'chat_template.jinja').is_file() or 'chat_template' in json.loads((path/'tokenizer_config.json').read_text())
+    try: own = 'chat_template' in json.loads((path/'tokenizer_config.json').read_text())
     except (OSError, ValueError): own = False
+    own = own or (path/'chat_template.jinja').is_file()
     return None if own else chat_template_path()
 
 # %% ../nbs/03a_model.ipynb #c765bdc0
