@@ -668,6 +668,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.ActionLoss.__call__': ('sft.html#actionloss.__call__', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.ActionLoss.__init__': ('sft.html#actionloss.__init__', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.ActionLoss.take': ('sft.html#actionloss.take', 'shopping_grpo/sft.py'),
+                                   'shopping_grpo.sft.NonFiniteTraining': ('sft.html#nonfinitetraining', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.PadCollator': ('sft.html#padcollator', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.PadCollator.__call__': ('sft.html#padcollator.__call__', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.PadCollator.__init__': ('sft.html#padcollator.__init__', 'shopping_grpo/sft.py'),
