@@ -18,7 +18,7 @@ VERL_OVERRIDE := requirements/verl-cpu-override.txt
 VERL_GPU ?= 0
 VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow export clean-nbs vllm-env verl-env test-verl
+.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -41,6 +41,12 @@ test: setup
 
 test-slow: setup
 	$(BIN)/pytest -q -m "slow and not gpu"
+
+# JupyterLab on the notebooks, with the project's kernel (python3 of .venv, installed by setup), on 127.0.0.1 only
+LAB_PORT ?= 8888
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=nbs \
+		--MultiKernelManager.default_kernel_name=python3 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # vLLM's CPU build in its own venv (its pins clash with ours); VLLMServer finds it at .venv-vllm/bin/python
 vllm-env: $(VLLM_STAMP)

@@ -116,7 +116,7 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')
 def serve_model(model:str=typer.Argument('smollm2',
-                                         help="an embedded model ('smollm2', 'qwen2.5-0.5b'), a Hub id or a checkpoint path"),
+                                         help="embedded model ('smollm2', 'qwen2.5-0.5b'), Hub id or checkpoint path"),
                 port:int=typer.Option(8000, help='port on 127.0.0.1'),
                 name:str=typer.Option(None, help='served model name')):
     "Serve a model with vLLM's OpenAI-compatible server on 127.0.0.1, once it is healthy; Ctrl-C or SIGTERM stops it."
@@ -161,7 +161,7 @@ def pack_offline_command(
         package:list[str]=typer.Option(HOST_PACKAGES, help='packages to download as wheels for the host (repeat)'),
         wheel:list[str]=typer.Option([], help='wheel files to send as they are (repeat)'),
         project:bool=typer.Option(True, help='build and send our own wheel'),
-        download:bool=typer.Option(True, help='download --package wheels from PyPI; --no-download sends only --wheel files'),
+        download:bool=typer.Option(True, help='download the --package wheels; --no-download: only --wheel files'),
         python_version:str=typer.Option('3.12', help="the host's Python version"),
         platform:list[str]=typer.Option(HOST_PLATFORMS, help="the host's platform tags (repeat)"),
         implementation:str=typer.Option('cp', help="the host's Python implementation")):

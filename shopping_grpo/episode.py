@@ -14,7 +14,8 @@ from .reward import RewardDetail
 from .tasks import Task
 from .shop import Shop
 from .records import Trajectory, append_record, read_records, repair_tail
-from .tools import SYSTEM_PROMPT, TOOL_SPECS, PAGE_BUDGETS, approx_tokens, project, parse_reply, guard, to_action, tool_schemas, ToolCall, ReplyError
+from .tools import SYSTEM_PROMPT, TOOL_SPECS, PAGE_BUDGETS, approx_tokens, project, tool_schemas
+from .tools import parse_reply, guard, to_action, ToolCall, ReplyError
 from .policies import ContextOverflow, ExpertPolicy
 
 # %% auto #0
@@ -26,30 +27,44 @@ __all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'Cha
 @dataclass
 class Event:
     "One normalised event of an episode."
-    id: str; turn: int; kind: str; data: dict  # kind: action | observation | tool_error | guard_rejection | end
+    id: str
+    turn: int
+    kind: str  # action | observation | tool_error | guard_rejection | end
+    data: dict
 
 class Episode:
     "One shopping episode as a conversation."
-    def __init__(self, env:ShopEnv, task:Task, lang:str='en', max_turns:int=35, count=approx_tokens, budgets=PAGE_BUDGETS, tool_role:str='tool'):
-        self.env, self.task, self.lang, self.max_turns, self.count, self.budgets, self.tool_role = env, task, lang, max_turns, count, budgets, tool_role
-        self.state = env.reset(task.instruction, task); self.turn, self.events, self.flags, self.infra = 0, [], Counter(), None
+    def __init__(self, env:ShopEnv, task:Task, lang:str='en', max_turns:int=35, count=approx_tokens,
+                 budgets=PAGE_BUDGETS, tool_role:str='tool'):
+        self.env, self.task, self.lang, self.max_turns = env, task, lang, max_turns
+        self.count, self.budgets, self.tool_role = count, budgets, tool_role
+        self.state = env.reset(task.instruction, task)
+        self.turn, self.events, self.flags, self.infra = 0, [], Counter(), None
         self.messages = [dict(role='system', content=SYSTEM_PROMPT[lang]),
                          dict(role='user', content=f"{task.instruction}\n\n{project(self.state, count, budgets)}")]
     @property
     def done(self) -> bool: return self.env.done
     def _event(self, kind:str, **data):
-        n = sum(e.kind == 'action' for e in self.events) if kind == 'action' else sum(e.kind != 'action' for e in self.events)
+        # actions are numbered a0001, a0002, ..., every other event e0001, e0002, ...
+        if kind == 'action': n = sum(e.kind == 'action' for e in self.events)
+        else: n = sum(e.kind != 'action' for e in self.events)
         self.events.append(Event(f"{'a' if kind == 'action' else 'e'}{n + 1:04d}", self.turn, kind, data))
 
 # %% ../nbs/03_agent.ipynb #864bc034
 @patch
 def apply(self:Episode, reply, truncated:bool=False) -> str:
     "Take one assistant turn (message dict or text); returns the tool message text sent back."
-    self.turn += 1; msg = reply if isinstance(reply, dict) else dict(role='assistant', content=reply)
-    self.messages.append(dict(role='assistant', content=msg.get('content') or '', **({'tool_calls': msg['tool_calls'][:1]} if msg.get('tool_calls') else {})))
-    call = ReplyError('truncated', 'the reply was cut at the token limit; answer with one short tool call') if truncated else parse_reply(msg)
+    self.turn += 1
+    msg = reply if isinstance(reply, dict) else dict(role='assistant', content=reply)
+    calls = {'tool_calls': msg['tool_calls'][:1]} if msg.get('tool_calls') else {}  # the first tool call only
+    self.messages.append(dict(role='assistant', content=msg.get('content') or '', **calls))
+    if truncated:
+        call = ReplyError('truncated', 'the reply was cut at the token limit; answer with one short tool call')
+    else: call = parse_reply(msg)
     if isinstance(call, ReplyError): text = self._refuse('tool_error', call.kind, call.message)
-    elif (why := guard(call, self.state)) is not None: self._event('action', tool=call.name, arguments=call.arguments, source=call.source); text = self._refuse('guard_rejection', 'guard', why)
+    elif (why := guard(call, self.state)) is not None:
+        self._event('action', tool=call.name, arguments=call.arguments, source=call.source)
+        text = self._refuse('guard_rejection', 'guard', why)
     else: text = self._act(call)
     if not self.done and self.turn >= self.max_turns: self.end('max_steps')
     if self.done: return text  # the episode is over: the last page is in the events, not sent to the model
@@ -76,7 +91,8 @@ def _act(self:Episode, call:ToolCall) -> str:
 
 @patch
 def end(self:Episode, reason:str, message:str|None=None):
-    "End the episode from outside: the step limit, or an infrastructure failure (context overflow, generation or shop error)."
+    """End the episode from outside: the step limit, or an infrastructure failure (context overflow, generation or
+    shop error)."""
     if self.done: return
     self.state = self.env.abort(reason)
     self._event('end', reason=reason, **({'message': message[:300]} if message else {}))
@@ -86,11 +102,16 @@ def end(self:Episode, reason:str, message:str|None=None):
 @patch
 def record(self:Episode, policy:str, **extra) -> dict:
     "The trajectory record of a finished episode."
-    d = self.env.reward.as_dict(); acts = [e for e in self.events if e.kind == 'action']
-    steps = [dict(action=to_action(e.data['tool'], e.data['arguments']) if e.data['tool'] in TOOL_SPECS else e.data['tool'], tool=e.data['tool'])
-             for e in acts]
-    return Trajectory(task_id=self.task.task_id, policy=policy, model=policy, lang=self.lang, instruction=self.task.instruction,
-                      messages=self.messages, events=[vars(e) for e in self.events], steps=steps, n_turns=self.turn,
+    d = self.env.reward.as_dict()
+    steps = []
+    for e in self.events:
+        if e.kind != 'action': continue
+        tool = e.data['tool']
+        action = to_action(tool, e.data['arguments']) if tool in TOOL_SPECS else tool
+        steps.append(dict(action=action, tool=tool))
+    return Trajectory(task_id=self.task.task_id, policy=policy, model=policy, lang=self.lang,
+                      instruction=self.task.instruction, messages=self.messages,
+                      events=[vars(e) for e in self.events], steps=steps, n_turns=self.turn,
                       n_steps=self.env.log.steps, n_invalid=sum(self.flags.values()), flags=dict(self.flags),
                       tool_counts=dict(Counter(s['tool'] for s in steps)), termination_reason=d['termination_reason'],
                       infrastructure_invalid=self.infra is not None, reward=d['reward'], reward_detail=d,
@@ -103,14 +124,15 @@ def _unstarted(task:Task, policy:str, lang:str, err:Exception, t0:float) -> dict
     why = f'{type(err).__name__}: {err}'[:300]
     d = RewardDetail(0.0, 'infrastructure', False, 'env_error', note='the shop failed at reset').as_dict()
     return Trajectory(task_id=task.task_id, policy=policy, model=policy, lang=lang, instruction=task.instruction,
-                      messages=[], events=[vars(Event('e0001', 0, 'end', dict(reason='env_error', message=why)))], steps=[],
-                      n_turns=0, n_steps=0, n_invalid=1, flags={'env_error': 1}, tool_counts={},
+                      messages=[], events=[vars(Event('e0001', 0, 'end', dict(reason='env_error', message=why)))],
+                      steps=[], n_turns=0, n_steps=0, n_invalid=1, flags={'env_error': 1}, tool_counts={},
                       termination_reason='env_error', infrastructure_invalid=True, reward=0.0, reward_detail=d,
                       strict_success=False, purchase_success=False, n_constraints=task.facts.n_constraints,
                       extra=dict(seconds=round(time.time() - t0, 3))).as_dict()
 
 def run_message_episode(shop:Shop, task:Task, policy, lang:str='en', max_turns:int=35, make_env=None) -> dict:
-    "Play one task with a message policy (in-process shop, or `make_env()` e.g. a `RemoteShopEnv`); the trajectory record."
+    """Play one task with a message policy (in-process shop, or `make_env()` e.g. a `RemoteShopEnv`); the trajectory
+    record."""
     t0 = time.time()
     try: ep = Episode((make_env or shop.env)(max_turns), task, lang, max_turns)
     except Exception as e: return _unstarted(task, policy.name, lang, e, t0)  # the shop failed at reset
@@ -142,10 +164,13 @@ class ChatRenderer:
     def __init__(self, tokenizer, chat_template:str|None=None, lang:str='en', end_token:str='<|im_end|>'):
         self.tok, self.template, self.tools, self.end = tokenizer, chat_template, tool_schemas(lang), end_token
         self.end_id = tokenizer.convert_tokens_to_ids(end_token)
-        self.base = [dict(role='system', content='s'), dict(role='user', content='u'), dict(role='assistant', content='a')]
-        base = self.text(self.base); self.prefix = base[:base.rindex(end_token) + len(end_token)]
+        self.base = [dict(role='system', content='s'), dict(role='user', content='u'),
+                     dict(role='assistant', content='a')]
+        base = self.text(self.base)
+        self.prefix = base[:base.rindex(end_token) + len(end_token)]
     def text(self, messages:list, gen:bool=False) -> str:
-        return self.tok.apply_chat_template(messages, tools=self.tools, chat_template=self.template, tokenize=False, add_generation_prompt=gen)
+        return self.tok.apply_chat_template(messages, tools=self.tools, chat_template=self.template, tokenize=False,
+                                            add_generation_prompt=gen)
     def ids(self, text:str) -> list[int]: return self.tok.encode(text, add_special_tokens=False)
 
 # %% ../nbs/03_agent.ipynb #2605b4cd
@@ -153,7 +178,8 @@ class ChatRenderer:
 def delta(self:ChatRenderer, msg:dict) -> list[int]:
     "Ids that follow an assistant turn's end token when `msg` comes next, up to the next generation prompt."
     full = self.text(self.base + [msg], gen=True)
-    if not full.startswith(self.prefix): raise ValueError("the chat template re-renders earlier turns; it is not append-only at tool messages")
+    if not full.startswith(self.prefix):
+        raise ValueError("the chat template re-renders earlier turns; it is not append-only at tool messages")
     return self.ids(full[len(self.prefix):])
 
 # %% ../nbs/03_agent.ipynb #82abdf34
@@ -173,33 +199,47 @@ class TokenEpisode:
 def feed(self:TokenEpisode, new_ids:list[int], logprobs:list[float]|None=None):
     "Take one generated turn (ids as generated, cut at the end token), run it, append the observation ids."
     ends = [i for i, t in enumerate(new_ids) if t == self.r.end_id]
-    ids = list(new_ids[:ends[0] + 1]) if ends else list(new_ids); truncated = not ends
-    start = len(self.response_ids); self.response_ids += ids; self.response_mask += [1]*len(ids)
+    ids = list(new_ids[:ends[0] + 1]) if ends else list(new_ids)
+    truncated = not ends
+    start = len(self.response_ids)
+    self.response_ids += ids
+    self.response_mask += [1]*len(ids)
     self.logprobs += list(logprobs[:len(ids)]) if logprobs is not None else [0.0]*len(ids)
     self.turns.append((start, len(self.response_ids)))
-    if truncated: self.response_ids.append(self.r.end_id); self.response_mask.append(0); self.logprobs.append(0.0)
+    if truncated:  # the end token the model did not write: in the sequence, out of the loss
+        self.response_ids.append(self.r.end_id)
+        self.response_mask.append(0)
+        self.logprobs.append(0.0)
     self.ep.apply(self.r.tok.decode(ids[:-1] if not truncated else ids), truncated=truncated)
     if self.done: return
     obs = self.r.delta(self.ep.messages[-1])
     if len(self.context()) + len(obs) + self.max_new_tokens > self.max_context: return self.ep.end('context_overflow')
-    self.response_ids += obs; self.response_mask += [0]*len(obs); self.logprobs += [0.0]*len(obs)
+    self.response_ids += obs
+    self.response_mask += [0]*len(obs)
+    self.logprobs += [0.0]*len(obs)
 
 @patch
 def record(self:TokenEpisode, policy:str, **extra) -> dict:
-    "The trajectory record with ids, mask, turn spans and, when the policy gave them, the sampled tokens' log-probabilities."
-    lp = {'logprobs': self.logprobs} if any(self.logprobs) else {}  # when the policy reported its sampled tokens' log-probabilities
-    return self.ep.record(policy, prompt_ids=self.prompt_ids, response_ids=self.response_ids, response_mask=self.response_mask,
-                          turn_spans=self.turns, n_generated=sum(self.response_mask), **lp, **extra)
+    """The trajectory record with ids, mask, turn spans and, when the policy gave them, the sampled tokens'
+    log-probabilities."""
+    # when the policy reported its sampled tokens' log-probabilities
+    lp = {'logprobs': self.logprobs} if any(self.logprobs) else {}
+    return self.ep.record(policy, prompt_ids=self.prompt_ids, response_ids=self.response_ids,
+                          response_mask=self.response_mask, turn_spans=self.turns,
+                          n_generated=sum(self.response_mask), **lp, **extra)
 
 # %% ../nbs/03_agent.ipynb #88a25008
 def hermes_text(msg:dict) -> str:
     "An assistant message with a tool call written as Hermes text, as a model would generate it."
-    f = msg['tool_calls'][0]['function']; args = json.loads(f['arguments']) if isinstance(f['arguments'], str) else f['arguments']
+    f = msg['tool_calls'][0]['function']
+    args = json.loads(f['arguments']) if isinstance(f['arguments'], str) else f['arguments']
     return '<tool_call>\n' + json.dumps(dict(name=f['name'], arguments=args), ensure_ascii=False) + '\n</tool_call>'
 
 def scripted_run(shop:Shop, task:Task, renderer:ChatRenderer, lang:str='en', **kw) -> TokenEpisode:
     "A TokenEpisode driven by the expert's replies, tokenised as generations (for tests and SFT data checks)."
-    te, pol = TokenEpisode(Episode(shop.env(), task, lang), renderer, **kw), ExpertPolicy(shop.catalog); pol.reset(task)
+    te = TokenEpisode(Episode(shop.env(), task, lang), renderer, **kw)
+    pol = ExpertPolicy(shop.catalog)
+    pol.reset(task)
     while not te.done: te.feed(renderer.ids(hermes_text(pol.reply(te.ep))) + [renderer.end_id])
     return te
 
@@ -209,17 +249,21 @@ def _fail(te:TokenEpisode, reason:str, err:Exception):
     te.ep.flags[reason] += 1
     te.ep.end(reason, f'{type(err).__name__}: {err}')
 
-def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, name:str, batch_size:int=64, lang:str='en',
-                 max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False):
+def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, name:str, batch_size:int=64,
+                 lang:str='en', max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False):
     "Yield the trajectory record of each task, generating turns for up to `batch_size` episodes at a time."
     from tqdm.auto import tqdm
     queue, live, bar = list(tasks)[::-1], [], tqdm(total=len(tasks), desc=name, disable=not progress, mininterval=2)
     while queue or live:
         while queue and len(live) < batch_size:
-            t = queue.pop(); live.append((t, time.time(), TokenEpisode(Episode(shop.env(max_turns), t, lang, max_turns), renderer, max_context, max_new_tokens)))
+            t, t0 = queue.pop(), time.time()
+            ep = Episode(shop.env(max_turns), t, lang, max_turns)
+            live.append((t, t0, TokenEpisode(ep, renderer, max_context, max_new_tokens)))
         ready = [x for x in live if not x[2].done]
         if ready:
-            try: outs = generate([te.context() for _, _, te in ready]); lps = getattr(generate, 'last_logprobs', None) or [None]*len(outs)
+            try:
+                outs = generate([te.context() for _, _, te in ready])
+                lps = getattr(generate, 'last_logprobs', None) or [None]*len(outs)
             except Exception as e:  # a failed generation ends the episodes it was for
                 outs, lps = [], []
                 for _, _, te in ready: _fail(te, 'generation_error', e)
@@ -227,7 +271,9 @@ def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, n
                 try: te.feed(out, lp)
                 except Exception as e: _fail(te, 'env_error', e)
         for x in [x for x in live if x[2].done]:
-            live.remove(x); bar.update(); yield x[2].record(name, seconds=round(time.time() - x[1], 3))
+            live.remove(x)
+            bar.update()
+            yield x[2].record(name, seconds=round(time.time() - x[1], 3))
 
 # %% ../nbs/03_agent.ipynb #69bae5ae
 import hashlib, re
@@ -272,23 +318,35 @@ def played(shop:Shop, task:Task, policy, renderer:ChatRenderer, lang:str='en', m
 # %% ../nbs/03_agent.ipynb #c0d59c25
 def _message_records(shop, todo, policy, lang, max_turns, workers, make_env=None):
     from concurrent.futures import ThreadPoolExecutor
-    if workers <= 1: yield from (run_message_episode(shop, t, policy, lang, max_turns, make_env) for t in todo); return
+    if workers <= 1:
+        yield from (run_message_episode(shop, t, policy, lang, max_turns, make_env) for t in todo)
+        return
     fork = getattr(policy, 'fork', lambda: policy)  # stateful policies give each episode its own copy
     with ThreadPoolExecutor(workers) as ex:
         yield from ex.map(lambda t: run_message_episode(shop, t, fork(), lang, max_turns, make_env), todo)
 
-def run_episodes(shop:Shop, tasks:list[Task], policy, renderer:ChatRenderer|None=None, lang:str='en', max_turns:int=35, workers:int=1,
-                 batch_size:int=64, make_env=None, **token_kw):
-    "The one runner: each task's trajectory record as its episode ends; token policies (given a `renderer`) in lockstep, message policies on `workers` threads."
-    if renderer is not None: return run_lockstep(shop, tasks, policy, renderer, getattr(policy, 'name', 'model'), batch_size, lang, max_turns, **token_kw)
+def run_episodes(shop:Shop, tasks:list[Task], policy, renderer:ChatRenderer|None=None, lang:str='en',
+                 max_turns:int=35, workers:int=1, batch_size:int=64, make_env=None, **token_kw):
+    """The one runner: each task's trajectory record as its episode ends; token policies (given a `renderer`) in
+    lockstep, message policies on `workers` threads."""
+    if renderer is not None:
+        name = getattr(policy, 'name', 'model')
+        return run_lockstep(shop, tasks, policy, renderer, name, batch_size, lang, max_turns, **token_kw)
     return _message_records(shop, tasks, policy, lang, max_turns, workers, make_env)
 
 def play(shop:Shop, tasks:list[Task], policy, path, progress:bool=True, **run_kw) -> dict[str, dict]:
-    "Play every task not yet recorded in the JSONL file `path`, appending each record durably; all records of `path` by task id."
+    """Play every task not yet recorded in the JSONL file `path`, appending each record durably; all records of
+    `path` by task id."""
     from tqdm.auto import tqdm
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True); repair_tail(path); done = read_records(path)
-    todo = [t for t in tasks if t.task_id not in done]; name = getattr(policy, 'name', 'model')
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    repair_tail(path)
+    done = read_records(path)
+    todo = [t for t in tasks if t.task_id not in done]
+    name = getattr(policy, 'name', 'model')
     with open(path, 'a', encoding='utf-8') as f:
-        for r in tqdm(run_episodes(shop, todo, policy, **run_kw), total=len(todo), desc=f'play {name}', disable=not progress, mininterval=2):
-            append_record(f, r); done[r['task_id']] = r
+        records = run_episodes(shop, todo, policy, **run_kw)
+        for r in tqdm(records, total=len(todo), desc=f'play {name}', disable=not progress, mininterval=2):
+            append_record(f, r)
+            done[r['task_id']] = r
     return done

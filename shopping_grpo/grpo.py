@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
-from .records import write_atomic, append_record, pin_run
+from .records import write_atomic, append_record, pin_run, read_jsonl
 from .episode import run_lockstep, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
 
@@ -467,17 +467,16 @@ def last_checkpoint(out_dir) -> Path|None:
 def trim_after(out_dir, step:int):
     "Drop the metrics records and validation folders of steps after `step`."
     out_dir, m = Path(out_dir), Path(out_dir)/'metrics.jsonl'
-    if m.exists():
-        keep = [l for l in m.read_text('utf-8').splitlines() if l.strip() and json.loads(l)['step'] <= step]
-        write_atomic(m, ''.join(l + '\n' for l in keep))
+    if m.exists():  # a torn last line (a crash mid-append) is reported and dropped, not fatal
+        keep = [r for r in read_jsonl(m)[0] if r['step'] <= step]
+        write_atomic(m, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in keep))
     for v in (out_dir/'val').glob('step-*'):
         if _ckpt_step(v) > step: shutil.rmtree(v)
 
 # %% ../nbs/06_grpo.ipynb #39be16d8
 def read_metrics(path) -> list[dict]:
-    "The records of a metrics.jsonl."
-    if not Path(path).exists(): return []
-    return [json.loads(l) for l in Path(path).read_text('utf-8').splitlines() if l.strip()]
+    "The records of a metrics.jsonl, read by the one JSONL reader: a broken line is skipped and reported."
+    return read_jsonl(path)[0]
 
 def best_validation(records:list[dict]) -> dict:
     "The validation record with the highest mean reward (then strict success, then the earliest step)."

@@ -279,6 +279,7 @@ class _Pieces:
         self.whole, self.pieces, self.f, self.h, self.n = hashlib.sha256(), [], None, None, 0
     def write(self, b) -> int:
         b = memoryview(b)
+        n = len(b)
         self.whole.update(b)
         while len(b):
             if self.f is None:
@@ -289,7 +290,7 @@ class _Pieces:
             self.h.update(b[:k])
             self.n, b = self.n + k, b[k:]
             if self.n == self.size: self._close_piece()
-        return len(b)
+        return n
     def _close_piece(self):
         self.f.close()
         self.pieces.append(dict(name=Path(self.f.name).name, bytes=self.n, sha256=self.h.hexdigest()))
@@ -351,6 +352,7 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
     elif model and model in EMBEDDED_MODELS:  # a file given for a registry model must be that model's
         _verified(EMBEDDED_MODELS[model], Path(gguf), "Pass the model's own GGUF, or none to use the installed one.")
     if not wheels and not model: raise ValueError("nothing to pack: name wheels, a model, or both")
+    if piece_mb <= 0: raise ValueError(f"piece_mb must be positive, not {piece_mb}")
     out.mkdir(parents=True, exist_ok=True)
     if old := sorted(out.glob('stream.tar.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")

@@ -10,7 +10,7 @@ import torch
 from shopping_grpo.episode import ChatRenderer, episode_valid
 from shopping_grpo.sft import tiny_model
 from shopping_grpo.grpo import (GRPORecipe, ShopRollout, DiskFull, grpo_recipe, train_grpo, read_metrics,
-                                grpo_monitor, GRPORun, _durable)
+                                grpo_monitor, GRPORun, _durable, trim_after)
 from _helpers import ScriptedTokens
 
 torch.set_num_threads(1)  # tests share two cores with other work: extra threads only spin
@@ -207,7 +207,8 @@ def test_three_nan_steps_in_a_row_stop(tmp_path):
 def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, monkeypatch, caplog):
     """Step 1 has an episode whose shop step raises: it is counted and TRL averages the reward over the valid ones
     (without TRL's per-episode warning in the log). ENOSPC while writing checkpoint-2 stops the run with DiskFull; the
-    rerun drops the half checkpoint, resumes from checkpoint-1, and every step is logged once."""
+    rerun drops the half checkpoint, resumes from checkpoint-1 past a torn last line of metrics.jsonl (reported), and
+    every step is logged once."""
     import transformers, logging
     caplog.set_level(logging.WARNING)
     cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 2})
@@ -224,12 +225,32 @@ def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, mon
     assert math.isclose(s1['trl_reward'], s1['reward_mean'], abs_tol=1e-6)  # TRL's mean is over the three valid episodes
     assert not [r for r in caplog.records if 'reward functions returned None' in r.getMessage()]
     monkeypatch.setattr(transformers.Trainer, '_save_rng_state', orig)
-    s = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    with open(out/'metrics.jsonl', 'a', encoding='utf-8') as f:
+        f.write('{"kind": "train", "step": 2, "lo')  # an append the crash cut short
+    with pytest.warns(UserWarning, match=r'metrics\.jsonl:\d+: torn last line'):
+        s = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
     assert s['resumed_from'].endswith('checkpoint-1') and s['final_step'] == 2
     recs = read_metrics(out/'metrics.jsonl')
     assert [r['step'] for r in recs if r['kind'] == 'train'] == [1, 2]
     assert [r['step'] for r in recs if r['kind'] == 'val'] == [0, 1, 2]
     assert (out/'merged'/'config.json').exists() and (out/'adapter'/'adapter_model.safetensors').exists()
+
+
+def test_broken_metrics_lines_are_skipped_and_reported(tmp_path):
+    "read_metrics and trim_after read metrics.jsonl with the one JSONL reader: a corrupt or torn line is reported."
+    m = tmp_path/'metrics.jsonl'
+    recs = [dict(kind='val', step=0, note='ü'), None, dict(kind='train', step=1), dict(kind='train', step=2)]
+    lines = [json.dumps(r, ensure_ascii=False) if r else '{"kind": "tr' for r in recs]  # as append_record writes them
+    m.write_text('\n'.join(lines) + '\n{"kind": "val", "st', encoding='utf-8')
+    with pytest.warns(UserWarning) as seen: assert [r['step'] for r in read_metrics(m)] == [0, 1, 2]
+    assert [str(w.message) for w in seen] == [
+        f'{m}:2: corrupt line, task unknown: skipped',
+        f'{m}:5: torn last line (a write that did not finish), task unknown: skipped']
+    (tmp_path/'val'/'step-2').mkdir(parents=True)
+    with pytest.warns(UserWarning) as again: trim_after(tmp_path, 1)
+    assert [str(w.message) for w in again] == [str(w.message) for w in seen]
+    assert m.read_text(encoding='utf-8') == lines[0] + '\n' + lines[2] + '\n'  # kept records unchanged, byte for byte
+    assert not (tmp_path/'val'/'step-2').exists() and read_metrics(tmp_path/'none.jsonl') == []
 
 
 def test_metrics_write_on_a_full_disk_is_a_clear_stop(tmp_path, monkeypatch):

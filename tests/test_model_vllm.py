@@ -1,10 +1,13 @@
-"""The embedded model, materialised and served by vLLM's OpenAI-compatible server, answers concurrent chat requests.
+"""The embedded model, materialised and served by vLLM's OpenAI-compatible server, answers concurrent chat requests;
+a process that runs a server and is told to terminate (SIGTERM) stops the server's whole process group first.
 
-Slow (about two minutes to start vLLM on two CPU cores). Needs the vLLM venv: `make vllm-env` builds
-`.venv-vllm`, or $SHOPPING_GRPO_VLLM_PYTHON names another one; without it the test is skipped.
+The served test is slow (about two minutes to start vLLM on two CPU cores) and needs the vLLM venv: `make vllm-env`
+builds `.venv-vllm`, or $SHOPPING_GRPO_VLLM_PYTHON names another one; without it the test is skipped. The SIGTERM
+tests use a stand-in server (a "python" that answers like vLLM and keeps a second process in its group).
 """
 from __future__ import annotations
-import json, os, time
+import json, os, signal, subprocess, sys, textwrap, time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 import pytest
 
@@ -62,3 +65,84 @@ def test_vllm_serves_embedded_model_concurrently(tmp_path):
             assert isinstance(json.loads(call.function.arguments), dict)
     # <|im_end|> is the end of sequence: the greedy answer to a short question ends there, not at max_tokens
     assert replies[0].choices[0].finish_reason == 'stop' and 'Paris' in replies[0].choices[0].message.content
+
+
+STAND_IN = """import http.server, json, subprocess, sys
+port, name = sys.argv[sys.argv.index('--port') + 1], sys.argv[sys.argv.index('--served-model-name') + 1]
+served = name if READY else 'not-yet'
+subprocess.Popen(['sleep', '300'])  # an engine process of the same group
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({'data': [{'id': served}]}).encode() if self.path == '/v1/models' else b'{}'
+        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(('127.0.0.1', int(port)), H).serve_forever()
+"""
+
+
+def stand_in_python(folder:Path, ready:bool=True) -> Path:
+    "A vLLM python stand-in: answers the CUDA probe with False and serves `--served-model-name` (or never does)."
+    (folder/'server.py').write_text(STAND_IN.replace('READY', str(ready)))
+    py = folder/'python'
+    py.write_text(f'#!/bin/sh\ncase "$*" in *torch.cuda*) echo False;; *) exec {sys.executable} {folder/"server.py"} "$@";; esac\n')
+    py.chmod(0o755)
+    return py
+
+
+def holder(tmp_path, ready:bool=True) -> subprocess.Popen:
+    "A Python process that opens a VLLMServer on the stand-in and waits, printing the server's pid when it has one."
+    code = textwrap.dedent(f"""
+        import sys, time
+        from shopping_grpo.model import VLLMServer
+        srv = VLLMServer('/no/model', python={str(stand_in_python(tmp_path, ready))!r}, log={str(tmp_path/'log.txt')!r},
+                         timeout=120, progress=False)
+        if {ready}:
+            with srv:
+                print(srv.proc.pid, flush=True)
+                time.sleep(300)
+        else:
+            import threading
+            threading.Thread(target=lambda: (time.sleep(3), print(srv.proc.pid, flush=True)), daemon=True).start()
+            srv.start()
+    """)
+    return subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_gone(pgid:int, timeout:float=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_alive(pgid): return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize('ready', [True, False], ids=['serving', 'starting'])
+def test_sigterm_stops_the_server_group(tmp_path, ready):
+    "SIGTERM to a process holding a server (serving, or still waiting for it to answer) ends the server's group too."
+    proc = holder(tmp_path, ready)
+    try:
+        pgid = int(proc.stdout.readline())
+        assert group_alive(pgid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM  # terminated by the signal, as without a server
+        assert wait_gone(pgid), f"server group {pgid} outlived its SIGTERMed owner"
+    finally:
+        if proc.poll() is None: proc.kill()
+        proc.communicate()
+
+
+def test_handler_is_restored_after_the_server_stops(tmp_path):
+    "The handler is installed only while a server runs; the previous one is back afterwards."
+    code = textwrap.dedent(f"""
+        import signal
+        from shopping_grpo.model import VLLMServer
+        def mine(signum, frame): pass
+        signal.signal(signal.SIGTERM, mine)
+        with VLLMServer('/no/model', python={str(stand_in_python(tmp_path))!r}, log={str(tmp_path/'log.txt')!r},
+                        timeout=120, progress=False) as srv:
+            during = signal.getsignal(signal.SIGTERM) is mine
+        print(during, signal.getsignal(signal.SIGTERM) is mine)
+    """)
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ['False', 'True'], r.stderr

@@ -1,0 +1,117 @@
+"""`shopping-grpo pack-offline` and the `assemble.sh` it writes: a small fake model and a small wheel packed into
+pieces of a few KB, carried to another folder, assembled, verified and installed there with no network; a damaged
+or missing piece is refused before anything is installed."""
+from __future__ import annotations
+import base64, hashlib, json, os, shutil, subprocess, sys, zipfile
+from pathlib import Path
+import pytest
+from typer.testing import CliRunner
+
+from shopping_grpo.cli import app
+
+
+def small_wheel(folder:Path, name:str='tinywheel', answer:int=42) -> Path:
+    "A minimal pure-Python wheel whose module `name` holds ANSWER."
+    files = {f'{name}/__init__.py': f'ANSWER = {answer}\n'.encode(),
+             f'{name}-0.1.dist-info/METADATA': f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n'.encode(),
+             f'{name}-0.1.dist-info/WHEEL': b'Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n'}
+    digest = lambda b: base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()
+    record = ''.join(f'{n},sha256={digest(b)},{len(b)}\n' for n, b in files.items()) + f'{name}-0.1.dist-info/RECORD,,\n'
+    path = folder/f'{name}-0.1-py3-none-any.whl'
+    with zipfile.ZipFile(path, 'w') as z:
+        for n, b in files.items(): z.writestr(n, b)
+        z.writestr(f'{name}-0.1.dist-info/RECORD', record)
+    return path
+
+
+@pytest.fixture
+def packed(tmp_path):
+    "A fake 20 kB model and a wheel, packed by the command into 4 kB pieces; (pack folder, model bytes, manifest)."
+    model = tmp_path/'fake.gguf'
+    model.write_bytes(b'GGUF' + os.urandom(20_000))
+    out = tmp_path/'pack'
+    r = CliRunner().invoke(app, ['pack-offline', str(out), '--model', 'fake', '--gguf', str(model), '--piece-mb', '0.004',
+                                 '--no-download', '--no-project', '--wheel', str(small_wheel(tmp_path))])
+    assert r.exit_code == 0, r.output
+    return out, model.read_bytes(), json.loads((out/'MANIFEST.json').read_text())
+
+
+def assemble(folder:Path, site:Path, home:Path):
+    env = {**os.environ, 'SHOPPING_GRPO_HOME': str(home), 'PYTHON': sys.executable}
+    return subprocess.run(['bash', str(folder/'assemble.sh'), str(site)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_manifest_describes_the_pieces(packed):
+    out, model, man = packed
+    sizes = [p['bytes'] for p in man['pieces']]
+    assert len(sizes) > 5 and all(s == 4000 for s in sizes[:-1]) and 0 < sizes[-1] <= 4000
+    for p in man['pieces']:
+        data = (out/p['name']).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (p['bytes'], p['sha256'])
+    whole = b''.join((out/p['name']).read_bytes() for p in man['pieces'])
+    assert (len(whole), hashlib.sha256(whole).hexdigest()) == (man['stream']['bytes'], man['stream']['sha256'])
+    assert man['model'] == dict(name='fake', file='fake.gguf', bytes=len(model), sha256=hashlib.sha256(model).hexdigest())
+    assert [w['file'] for w in man['wheels']] == ['tinywheel-0.1-py3-none-any.whl']
+
+
+def test_assemble_installs_wheels_and_places_the_model(packed, tmp_path):
+    out, model, man = packed
+    host = tmp_path/'host'
+    shutil.copytree(out, host)
+    r = assemble(host, tmp_path/'site', tmp_path/'home')
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path/'home'/'gguf'/'fake.gguf').read_bytes() == model
+    probe = subprocess.run([sys.executable, '-c', 'import tinywheel; print(tinywheel.ANSWER)'], capture_output=True,
+                           text=True, env={**os.environ, 'PYTHONPATH': str(tmp_path/'site')})
+    assert probe.stdout.strip() == '42'
+    assert not (host/'.assemble').exists()  # the work folder is cleaned up; the pieces stay
+
+
+@pytest.mark.parametrize('fault', ['damaged', 'missing'])
+def test_a_bad_piece_is_refused_before_anything_is_installed(packed, tmp_path, fault):
+    out, _, man = packed
+    host = tmp_path/'host'
+    shutil.copytree(out, host)
+    piece = host/man['pieces'][3]['name']
+    if fault == 'damaged': piece.write_bytes(bytes([piece.read_bytes()[0] ^ 1]) + piece.read_bytes()[1:])
+    else: piece.unlink()
+    r = assemble(host, tmp_path/'site', tmp_path/'home')
+    assert r.returncode != 0
+    assert piece.name in r.stderr and 'send this piece again' in r.stderr
+    assert not (tmp_path/'site').exists() and not (tmp_path/'home').exists()
+
+
+def test_pieces_that_join_wrong_are_refused(packed, tmp_path):
+    "Two intact pieces swapped (their hashes swapped in assemble.sh too) do not join into the packed stream."
+    out, _, man = packed
+    host = tmp_path/'host'
+    shutil.copytree(out, host)
+    a, b = man['pieces'][1], man['pieces'][2]
+    script = (host/'assemble.sh').read_text()
+    script = script.replace(a['sha256'], '@A@').replace(b['sha256'], a['sha256']).replace('@A@', b['sha256'])
+    (host/'assemble.sh').write_text(script)
+    data_a, data_b = (host/a['name']).read_bytes(), (host/b['name']).read_bytes()
+    (host/a['name']).write_bytes(data_b)
+    (host/b['name']).write_bytes(data_a)
+    r = assemble(host, tmp_path/'site', tmp_path/'home')
+    assert r.returncode != 0 and 'do not join into the packed stream' in r.stderr, r.stderr
+    assert not (tmp_path/'site').exists()
+
+
+def test_nothing_to_pack_and_a_used_folder_are_errors(tmp_path):
+    from shopping_grpo.model import pack_offline
+    with pytest.raises(ValueError, match='nothing to pack'): pack_offline(tmp_path/'a', [], None)
+    (tmp_path/'b').mkdir()
+    (tmp_path/'b'/'stream.tar.000').write_bytes(b'x')
+    with pytest.raises(FileExistsError, match='already holds pieces'):
+        pack_offline(tmp_path/'b', [small_wheel(tmp_path)], None, progress=False)
+    with pytest.raises(FileNotFoundError, match='not wheel files'): pack_offline(tmp_path/'c', [tmp_path/'x.whl'], None)
+
+
+def test_a_file_given_for_an_embedded_model_must_be_that_model(tmp_path):
+    from shopping_grpo.model import pack_offline
+    (tmp_path/'other.gguf').write_bytes(b'GGUF not qwen')
+    with pytest.raises(ValueError, match='must be 491,400,064 bytes'):
+        pack_offline(tmp_path/'out', [], 'qwen2.5-0.5b', tmp_path/'other.gguf', progress=False)
+    assert not (tmp_path/'out').exists()
