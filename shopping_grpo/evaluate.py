@@ -25,7 +25,7 @@ __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE'
            'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
            'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name',
            'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy',
-           'endpoint_down', 'model_sha256', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
+           'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
            'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats',
            'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table',
            'figures', 'tool_mix', 'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder',
@@ -168,22 +168,23 @@ def endpoint_down(pol) -> str|None:
     return None
 
 # %% ../nbs/07_evaluate.ipynb #bfc2a7f1
-OBSOLETE = ('catalog_sha256', 'code_sha256', 'model_sha256')  # a change makes old episodes stale: set aside, replayed
+OBSOLETE = ('catalog_sha256', 'code_sha256', 'model_sha256', 'model_name', 'model_gguf_sha256')  # a change makes old episodes stale: set aside, replayed
 
-def model_sha256(spec:PolicySpec) -> str|None:
-    "SHA-256 over a local checkpoint's weight files (None for other policies)."
-    if spec.kind not in ('transformers', 'vllm'): return None
-    from shopping_grpo.model import materialize_model
-    files = sorted(Path(materialize_model(spec.path, progress=False)).glob('*.safetensors'))
-    return hashlib.sha256(''.join(sha256_file(f) for f in files).encode()).hexdigest() if files else None
+def played_model(spec:PolicySpec) -> dict:
+    "Which model a local checkpoint is (`model.model_identity`: name, GGUF and weights SHA-256); empty for other policies."
+    if spec.kind not in ('transformers', 'vllm'): return {}
+    from shopping_grpo.model import model_identity
+    return model_identity(spec.path)
 
 def eval_settings(spec:PolicySpec, ident:dict, shop:Shop, max_turns:int) -> dict:
-    "What the episodes of an evaluation folder depend on."
+    "What the episodes of an evaluation folder depend on, the model played among them."
+    model = played_model(spec)
     url = (spec.base_url or os.environ.get('OPENAI_BASE_URL')) if spec.kind == 'openai' else None
     return dict(model=spec.name, kind=spec.kind, source=spec.path, base_url=url, temperature=0.0, lang=ident['lang'],
                 max_turns=max_turns, max_new_tokens=spec.max_new_tokens if spec.kind in MODEL_KINDS else None,
                 benchmark=ident['source'], benchmark_sha256=ident['benchmark_sha256'],
-                catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model_sha256(spec))
+                catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model.get('weights_sha256'),
+                model_name=model.get('name'), model_gguf_sha256=model.get('gguf_sha256'))
 
 # %% ../nbs/07_evaluate.ipynb #c16b038c
 RETRY = ('generation_error', 'env_error')  # infrastructure ends worth another try
