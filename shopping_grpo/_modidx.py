@@ -224,6 +224,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.evaluate.tool_mix': ('evaluate.html#tool_mix', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.trained_models': ( 'evaluate.html#trained_models',
                                                                                    'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.trajectories_sha256': ( 'evaluate.html#trajectories_sha256',
+                                                                                        'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.verify_benchmark': ( 'evaluate.html#verify_benchmark',
                                                                                      'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.write_comparison': ( 'evaluate.html#write_comparison',

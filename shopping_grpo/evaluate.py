@@ -29,8 +29,8 @@ __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE'
            'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats',
            'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table',
            'figures', 'tool_mix', 'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder',
-           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
-           'pairable', 'compare', 'write_comparison', 'compare_wordings']
+           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'trajectories_sha256',
+           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -558,6 +558,15 @@ def paired_reward(a, b, seed:int=0, n_resamples:int=10_000) -> dict:
     return _paired(a, b, won, lost, p, seed, n_resamples, 'paired permutation (sign flips)')
 
 # %% ../nbs/07_evaluate.ipynb #7bd95b4f
+def trajectories_sha256(eval_dir) -> str|None:
+    "SHA-256 of an evaluation's trajectory file; of its content when it is kept compressed (`trajectories.jsonl.gz`)."
+    import gzip
+    path = Path(eval_dir)/'trajectories.jsonl'
+    if path.exists(): return sha256_file(path)
+    if (gz := path.with_name(path.name + '.gz')).exists():
+        with gzip.open(gz, 'rb') as f: return hashlib.sha256(f.read()).hexdigest()
+    return None
+
 def eval_outcomes(eval_dir):
     "An evaluation's summary and its per-task outcomes, checked to be current."
     import polars as pl
@@ -565,7 +574,7 @@ def eval_outcomes(eval_dir):
     if not (d/'summary.json').exists() or not (d/'checks.jsonl').exists():
         raise FileNotFoundError(f"{d} holds no finished evaluation (summary.json, checks.jsonl)")
     s, path = json.loads((d/'summary.json').read_text()), d/'trajectories.jsonl'
-    if (sha256_file(path) if path.exists() else None) != s['records']['trajectories_sha256']:
+    if trajectories_sha256(d) != s['records']['trajectories_sha256']:
         raise ValueError(f"{path} changed after its summary was written: "
                          f"evaluate the model again to refresh {d/'summary.json'}")
     rows = pl.DataFrame(read_jsonl(d/'checks.jsonl')[0], infer_schema_length=None)
