@@ -14,12 +14,12 @@ from .records import sha256_file, write_atomic
 
 # %% auto #0
 __all__ = ['LANGS', 'CATALOG_VERSION', 'MUTATIONS', 'TEXT', 'SEARCH_FIELDS', 'TOP_K', 'PAGE_SIZE', 'INDEX_VERSION', 'POPULARITY',
-           'STATE_VERSION', 'PAGE_TYPES', 'SECTIONS', 'NAV', 'MAX_STEPS', 'REPEAT_LIMIT', 'NO_PROGRESS_LIMIT',
-           'load_vocabulary', 'Subcategory', 'subcategories', 'Design', 'make_asin', 'generate_designs',
-           'render_design', 'catalog_schema', 'catalog_frame', 'build_catalog', 'Catalog', 'from_webshop',
-           'from_shopsimulator', 'zh_terms', 'popularity', 'SearchIndex', 'query_terms', 'variant_price', 'result_row',
-           'results_state', 'detail_state', 'subpage_state', 'home_state', 'render_state', 'InvalidAction', 'ShopFault',
-           'parse_action', 'EpisodeLog', 'ShopEnv', 'StepResult']
+           'STATE_VERSION', 'PAGE_TYPES', 'SECTIONS', 'NAV', 'RESULT_COLUMNS', 'MAX_STEPS', 'REPEAT_LIMIT',
+           'NO_PROGRESS_LIMIT', 'load_vocabulary', 'Subcategory', 'subcategories', 'Design', 'make_asin',
+           'generate_designs', 'render_design', 'catalog_schema', 'catalog_frame', 'build_catalog', 'Catalog',
+           'from_webshop', 'from_shopsimulator', 'zh_terms', 'popularity', 'SearchIndex', 'query_terms',
+           'variant_price', 'result_row', 'results_state', 'detail_state', 'subpage_state', 'home_state', 'result_line',
+           'render_state', 'InvalidAction', 'ShopFault', 'parse_action', 'EpisodeLog', 'ShopEnv', 'StepResult']
 
 # %% ../nbs/00_env.ipynb #5db92ee4
 LANGS = ('en', 'zh')
@@ -465,14 +465,19 @@ def home_state() -> dict:
     return dict(page_type='search_home', search_available=True, clickables=[])
 
 # %% ../nbs/00_env.ipynb #c4922d1c
+RESULT_COLUMNS = 'rank|asin|price|brand|category|key_attributes|title'
+
+def result_line(r:dict) -> str:
+    "One search result as a line of `RESULT_COLUMNS`."
+    return f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}"
+
 def _body(s:dict) -> list[str]:
     t = s['page_type']
     if t == 'search_home': return ['Type a search query to find products.']
     if t == 'search_results':
-        rows = [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}"
-                for r in s['results']]
+        rows = [result_line(r) for r in s['results']]
         return [f"Results for \"{s['query']}\": page {s['page']}/{s['n_pages']} ({s['total']} products)",
-                'rank|asin|price|brand|category|key_attributes|title'] + rows
+                RESULT_COLUMNS] + rows
     if t == 'product_detail':
         opts = [f"{o['name']}: {' | '.join(o['values'])} (selected: {o['selected'] or 'none'})" for o in s['options']]
         return [f"[{s['asin']}] {s['title']}", f"Brand: {s['brand']}  Category: {s['category']}",

@@ -404,20 +404,26 @@ def verify_task(t:Task, catalog:Catalog, cats:CategoryIndex) -> list[str]:
     if variant_price(p, t.facts.options) is None: bad.append('target variant has no price')
     return bad
 
-def freeze_benchmark(run_dir, langs=LANGS, out_dir=None) -> dict:
-    "Make and write the frozen benchmark files for the default catalog; returns their hashes."
+def _freeze(run_dir, langs, out_dir, name:str, tasks_of) -> dict:
+    "Make, verify and write benchmark `name` of each language (`tasks_of(catalog, lang, out)` gives its tasks); hashes."
     b, out, hashes = BENCHMARK, Path(out_dir or data_dir()), {}
     build_catalog(Path(run_dir)/'catalog', b['n_products'], b['seed'])
     for lg in langs:
         cat = Catalog.load(Path(run_dir)/'catalog', lg)
         cats = CategoryIndex(cat)
-        sizes = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=b['n_tasks'])
-        ts = make_tasks(cat, sizes, b['task_seed'], lg)['eval']
+        ts = tasks_of(cat, lg, out)
         bad = {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}
-        if bad: raise ValueError(f"benchmark tasks fail verification: {bad}")
-        hashes[f'benchmark_{lg}.jsonl'] = write_tasks(out/f'benchmark_{lg}.jsonl', ts, cat)
+        if bad: raise ValueError(f"{name} benchmark tasks fail verification: {bad}")
+        hashes[benchmark_file(lg, name)] = write_tasks(out/benchmark_file(lg, name), ts, cat)
     _record_hashes(out, hashes)
     return hashes
+
+def freeze_benchmark(run_dir, langs=LANGS, out_dir=None) -> dict:
+    "Make and write the frozen benchmark files for the default catalog; returns their hashes."
+    b = BENCHMARK
+    sizes = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=b['n_tasks'])
+    def made(cat, lg, out): return make_tasks(cat, sizes, b['task_seed'], lg)['eval']
+    return _freeze(run_dir, langs, out_dir, 'template', made)
 
 def _record_hashes(out:Path, hashes:dict):
     "Add or update `hashes` in `out/benchmark.sha256`, keeping the other entries."
@@ -426,15 +432,5 @@ def _record_hashes(out:Path, hashes:dict):
 
 def freeze_freeform(run_dir, langs=LANGS, out_dir=None) -> dict:
     "Write the free-form benchmark: the frozen tasks (same ids and facts) reworded in held-out styles; their hashes."
-    b, out, hashes = BENCHMARK, Path(out_dir or data_dir()), {}
-    build_catalog(Path(run_dir)/'catalog', b['n_products'], b['seed'])
-    for lg in langs:
-        cat = Catalog.load(Path(run_dir)/'catalog', lg)
-        cats = CategoryIndex(cat)
-        ts = reword_tasks(load_benchmark(cat, lg, 'template', out), cat, b['task_seed'], 'heldout')
-        bad = {t.task_id: e for t in ts if (e := verify_task(t, cat, cats))}
-        if bad: raise ValueError(f"free-form benchmark tasks fail verification: {bad}")
-        name = benchmark_file(lg, 'freeform')
-        hashes[name] = write_tasks(out/name, ts, cat)
-    _record_hashes(out, hashes)
-    return hashes
+    def reworded(cat, lg, out): return reword_tasks(load_benchmark(cat, lg, 'template', out), cat, BENCHMARK['task_seed'], 'heldout')
+    return _freeze(run_dir, langs, out_dir, 'freeform', reworded)

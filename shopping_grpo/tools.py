@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, re
 from dataclasses import dataclass
-from .env import InvalidAction, SECTIONS, NAV, parse_action
+from .env import InvalidAction, SECTIONS, NAV, parse_action, result_line, RESULT_COLUMNS
 
 # %% auto #0
 __all__ = ['TOOL_SPECS', 'VIEW', 'BUTTON', 'SYSTEM_PROMPT', 'PAGE_BUDGETS', 'tool_schemas', 'to_action', 'ToolCall', 'ReplyError',
@@ -183,10 +183,9 @@ def _lines(s:dict) -> list[str]:
     t = s['page_type']
     if t == 'search_home': return ['Type a search.']
     if t == 'search_results':
-        rows = [f"{r['rank']}|{r['asin']}|{r['price']}|{r['brand']}|{r['category']}|{r['key_attributes']}|{r['title']}"
-                for r in s['results']]
+        rows = [result_line(r) for r in s['results']]
         return [f"results for \"{s['query']}\" page {s['page']}/{s['n_pages']} ({s['total']} found)",
-                'rank|asin|price|brand|category|key_attributes|title'] + rows
+                RESULT_COLUMNS] + rows
     if t == 'product_detail':
         about = (f"brand {s['brand']}; category {s['category']}; "
                  f"price {s['price']} (selected variant); rating {s['rating']}")
