@@ -78,8 +78,8 @@ def stage_collect(a, shop, run:Path, out:Path):
 
 
 def stage_sft(a, run:Path, out:Path, base):
-    import torch
     from transformers import AutoTokenizer
+    from shopping_grpo.records import write_atomic
     from shopping_grpo.sft import SFTData, train_sft, merge_lora, sft_config
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(str(base))
@@ -94,7 +94,7 @@ def stage_sft(a, run:Path, out:Path, base):
     s['seconds_with_merge'] = round(time.time() - t0, 1)
     s['flops_convention'] = '6 x parameters x trained tokens/s against 989 TFLOP/s dense bf16'
     s['parameters'], s['mfu'] = n_params, round(6 * n_params * (s['tokens_per_s'] or 0) / BF16_PEAK_FLOPS, 4)
-    (run/'sft'/'summary.json').write_text(json.dumps(s, indent=1))
+    write_atomic(run/'sft'/'summary.json', json.dumps(s, indent=1))
     keep(run/'sft'/'summary.json', out, f'sft_summary_{a.wording}.json')
     keep(run/'sft'/'log.jsonl', out, f'sft_log_{a.wording}.jsonl')
     save_adapter(run/'sft'/'adapter', out/f'adapter_{a.wording}')
@@ -145,23 +145,8 @@ def stage_eval(a, shop, run:Path, out:Path, models:dict):
 
 
 def stage_agree(a, shop, run:Path, out:Path, merged:Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from shopping_grpo.policies import ExpertPolicy
-    from shopping_grpo.collect import collect, load_trajectories
-    from shopping_grpo.sft import turn_agreement, agreement_table
-    t0 = time.time()
-    tasks = shop.tasks['eval'][:a.n_agree]
-    collect(shop, tasks, ExpertPolicy(shop.catalog), run/'agree-expert', workers=a.workers, progress=False)
-    recs = load_trajectories(run/'agree-expert'/'accepted.jsonl')
-    tok = AutoTokenizer.from_pretrained(str(merged))
-    model = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.bfloat16 if a.device == 'cuda' else torch.float32)
-    model = model.to(a.device)
-    rows = turn_agreement(model, tok, recs)
-    table = agreement_table(rows)
-    res = dict(model=str(merged), tasks=a.n_agree, episodes=len(recs), turns=len(rows),
-               agree=round(sum(r['departure'] == 'same' for r in rows) / max(1, len(rows)), 3),
-               minutes=round((time.time() - t0) / 60, 2), table=table.to_dicts())
+    from shopping_grpo.sft import expert_agreement
+    res = expert_agreement(shop, merged, run/'agree', a.n_agree, a.device, a.workers)
     (out/f'agreement_{a.wording}.json').write_text(json.dumps(res, indent=1))
     log(f"agreement {res['agree']} over {res['turns']} turns in {res['minutes']} min")
 

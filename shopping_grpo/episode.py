@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_agent.ipynb #8a35e266
 from __future__ import annotations
-import json, time
+import hashlib, json, re, time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +19,8 @@ from .tools import parse_reply, guard, to_action, ToolCall, ReplyError
 from .policies import ContextOverflow, ExpertPolicy
 
 # %% auto #0
-__all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'ChatRenderer', 'TokenEpisode', 'hermes_text',
-           'scripted_run', 'run_lockstep', 'episode_valid', 'page_key', 'page_keys', 'generated_text', 'played',
+__all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'ChatRenderer', 'TokenEpisode', 'generated_text',
+           'played', 'hermes_text', 'scripted_run', 'run_lockstep', 'episode_valid', 'page_key', 'page_keys',
            'run_episodes', 'play']
 
 # %% ../nbs/03_agent.ipynb #f21c85b0
@@ -228,6 +228,23 @@ def record(self:TokenEpisode, policy:str, **extra) -> dict:
                           response_mask=self.response_mask, turn_spans=self.turns,
                           n_generated=sum(self.response_mask), **lp, **extra)
 
+# %% ../nbs/03_agent.ipynb #56f044c6
+def generated_text(msg:dict) -> str:
+    "What the model writes for an assistant message: its content, then its tool call as Hermes text."
+    return (msg.get('content') or '') + (hermes_text(msg) if msg.get('tool_calls') else '')
+
+def played(shop:Shop, task:Task, policy, renderer:ChatRenderer, lang:str='en', max_turns:int=35,
+           **token_kw) -> TokenEpisode:
+    "A TokenEpisode of `task` driven by a message policy's replies, tokenised as generations."
+    # token_kw: the runner's limits, max_context and max_new_tokens
+    te = TokenEpisode(Episode(shop.env(max_turns), task, lang, max_turns), renderer, **token_kw)
+    policy.reset(task)
+    while not te.done:
+        msg = policy.reply(te.ep)
+        msg = msg if isinstance(msg, dict) else dict(role='assistant', content=msg)
+        te.feed(renderer.ids(generated_text(msg)) + [renderer.end_id])
+    return te
+
 # %% ../nbs/03_agent.ipynb #88a25008
 def hermes_text(msg:dict) -> str:
     "An assistant message with a tool call written as Hermes text, as a model would generate it."
@@ -237,11 +254,7 @@ def hermes_text(msg:dict) -> str:
 
 def scripted_run(shop:Shop, task:Task, renderer:ChatRenderer, lang:str='en', **kw) -> TokenEpisode:
     "A TokenEpisode driven by the expert's replies, tokenised as generations (for tests and SFT data checks)."
-    te = TokenEpisode(Episode(shop.env(), task, lang), renderer, **kw)
-    pol = ExpertPolicy(shop.catalog)
-    pol.reset(task)
-    while not te.done: te.feed(renderer.ids(hermes_text(pol.reply(te.ep))) + [renderer.end_id])
-    return te
+    return played(shop, task, ExpertPolicy(shop.catalog), renderer, lang, **kw)
 
 # %% ../nbs/03_agent.ipynb #1c0b04c0
 def _fail(te:TokenEpisode, reason:str, err:Exception):
@@ -276,8 +289,6 @@ def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, n
             yield x[2].record(name, seconds=round(time.time() - x[1], 3))
 
 # %% ../nbs/03_agent.ipynb #69bae5ae
-import hashlib, re
-
 def episode_valid(rec:dict) -> bool:
     "Whether Reward v3 scored the episode (not an infrastructure end, not an unverifiable gate)."
     return not rec['infrastructure_invalid'] and bool(rec['reward_detail'].get('reward_valid', True))
@@ -297,23 +308,6 @@ def page_keys(rec:dict) -> list[str]:
         if m['role'] == 'assistant': keys.append(page_key(page))
         elif not m['content'].startswith('Tool error:'): page = m['content']
     return keys
-
-# %% ../nbs/03_agent.ipynb #56f044c6
-def generated_text(msg:dict) -> str:
-    "What the model writes for an assistant message: its content, then its tool call as Hermes text."
-    return (msg.get('content') or '') + (hermes_text(msg) if msg.get('tool_calls') else '')
-
-def played(shop:Shop, task:Task, policy, renderer:ChatRenderer, lang:str='en', max_turns:int=35,
-           **token_kw) -> TokenEpisode:
-    "A TokenEpisode of `task` driven by a message policy's replies, tokenised as generations."
-    # token_kw: the runner's limits, max_context and max_new_tokens
-    te = TokenEpisode(Episode(shop.env(max_turns), task, lang, max_turns), renderer, **token_kw)
-    policy.reset(task)
-    while not te.done:
-        msg = policy.reply(te.ep)
-        msg = msg if isinstance(msg, dict) else dict(role='assistant', content=msg)
-        te.feed(renderer.ids(generated_text(msg)) + [renderer.end_id])
-    return te
 
 # %% ../nbs/03_agent.ipynb #c0d59c25
 def _message_records(shop, todo, policy, lang, max_turns, workers, make_env=None):

@@ -9,7 +9,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file, benchmark_hash,
+from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file,
                                    data_dir, package_versions, pin_run, code_sha256, task_list_sha256)
 from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS
 from .shop import Shop
@@ -28,8 +28,8 @@ __all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE'
            'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
            'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats',
            'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table',
-           'figures', 'tool_mix', 'summarize', 'by_stratum', 'write_summary', 'evaluate', 'eval_folder',
-           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'trajectories_sha256',
+           'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate',
+           'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
            'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
@@ -435,6 +435,15 @@ def by_stratum(recs:list[dict], tasks:list[Task]) -> dict:
 VERSIONED = ('shopping_grpo', 'polars', 'numpy', 'tantivy', 'torch', 'transformers', 'openai', 'scipy', 'statsmodels')
 REPLY_ERRORS = MALFORMED + ('truncated',)  # the flags counted as malformed replies
 
+def trajectories_sha256(eval_dir) -> str|None:
+    "SHA-256 of an evaluation's trajectory file; of its content when it is kept compressed (`trajectories.jsonl.gz`)."
+    import gzip
+    path = Path(eval_dir)/'trajectories.jsonl'
+    if path.exists(): return sha256_file(path)
+    if (gz := path.with_name(path.name + '.gz')).exists():
+        with gzip.open(gz, 'rb') as f: return hashlib.sha256(f.read()).hexdigest()
+    return None
+
 def write_summary(out_dir, tasks:list[Task], ident:dict, strata, spec:dict|None=None, config:dict|None=None,
                   seconds:float=0.0) -> dict:
     "Every figure of `out_dir`'s episodes over the whole task list, computed once: `checks.jsonl` and `summary.json`."
@@ -446,7 +455,7 @@ def write_summary(out_dir, tasks:list[Task], ident:dict, strata, spec:dict|None=
     table = check_table(strata, recs, audit)
     write_atomic(out_dir/'checks.jsonl', table.write_ndjson())
     problems = Counter(p.split(':')[0] for ps in table['problems'].to_list() for p in ps)
-    files = dict(trajectories_sha256=sha256_file(path) if path.exists() else None,
+    files = dict(trajectories_sha256=trajectories_sha256(out_dir),
                  checks_sha256=sha256_file(out_dir/'checks.jsonl'))
     s = summarize(rs, ids, model=(spec or {}).get('name', out_dir.name), config=config,
                   benchmark_sha256=ident['benchmark_sha256'], catalog_sha256=ident['catalog_sha256'],
@@ -473,7 +482,7 @@ def evaluate(shop:Shop, tasks:list[Task], policy, out_dir, renderer=None, lang:s
     out_dir, t0 = Path(out_dir), time.time()
     play(shop, tasks[:n_play] if n_play else tasks, policy, out_dir/'trajectories.jsonl', progress, renderer=renderer,
          lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, make_env=make_env, **token_kw)
-    ident = ident or tasks_ident(shop, tasks, 'task list', benchmark_hash(shop.catalog.lang))
+    ident = ident or tasks_ident(shop, tasks, 'task list', None)  # a task list of its own names no frozen benchmark
     strata = strata if strata is not None else task_strata(shop, tasks)
     config = dict(config or {}, lang=lang, max_turns=max_turns)
     return write_summary(out_dir, tasks, ident, strata, spec or as_spec(policy).public(), config, time.time() - t0)
@@ -558,15 +567,6 @@ def paired_reward(a, b, seed:int=0, n_resamples:int=10_000) -> dict:
     return _paired(a, b, won, lost, p, seed, n_resamples, 'paired permutation (sign flips)')
 
 # %% ../nbs/07_evaluate.ipynb #7bd95b4f
-def trajectories_sha256(eval_dir) -> str|None:
-    "SHA-256 of an evaluation's trajectory file; of its content when it is kept compressed (`trajectories.jsonl.gz`)."
-    import gzip
-    path = Path(eval_dir)/'trajectories.jsonl'
-    if path.exists(): return sha256_file(path)
-    if (gz := path.with_name(path.name + '.gz')).exists():
-        with gzip.open(gz, 'rb') as f: return hashlib.sha256(f.read()).hexdigest()
-    return None
-
 def eval_outcomes(eval_dir):
     "An evaluation's summary and its per-task outcomes, checked to be current."
     import polars as pl

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from fastcore.basics import patch
+from .records import sha256_file, package_versions, write_atomic  # standard library only
 
 # %% auto #0
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_GGUF', 'SMOLLM2_EOS', 'SMOLLM2_PAD', 'SMOLLM2_DIR', 'QWEN_PARTS', 'EMBEDDED_MODELS',
            'EMBEDDED_MODEL', 'GPU_MODEL', 'MATERIALIZE_RECIPE', 'CHECKPOINT_FILES', 'BUILD_PACKAGES', 'ASSEMBLE_SH',
-           'EmbeddedModel', 'embedded_model', 'shopping_grpo_home', 'chat_template_path', 'sha256_stream', 'model_gguf',
+           'EmbeddedModel', 'embedded_model', 'shopping_grpo_home', 'chat_template_path', 'model_gguf',
            'materialized_ok', 'materialize_model', 'model_identity', 'load_tokenizer', 'pack_offline', 'vllm_python',
            'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template', 'stop_group', 'VLLMServer']
 
@@ -85,13 +86,6 @@ def _shipped_file(m:EmbeddedModel, module:str, rel:str) -> Path:
                                 + (", or run `make setup`" if m.name == EMBEDDED_MODEL else ""))
     return path
 
-def sha256_stream(path, chunk:int=1 << 22) -> str:
-    "SHA-256 of a file, read in chunks."
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
-    return h.hexdigest()
-
 def _refuse_mismatch(m:EmbeddedModel, path:Path, size:int, digest:str|None, todo:str):
     got = f"{size:,} bytes" + (f" with SHA-256 {digest}" if digest else "")
     raise ValueError(f"{path} is {got}, but {m.name} must be {m.size:,} bytes with SHA-256 {m.sha256}: the file is "
@@ -100,7 +94,7 @@ def _refuse_mismatch(m:EmbeddedModel, path:Path, size:int, digest:str|None, todo
 def _verified(m:EmbeddedModel, path:Path, todo:str) -> Path:
     "`path` when its size and SHA-256 are `m`'s; else a clear error."
     if (size := path.stat().st_size) != m.size: _refuse_mismatch(m, path, size, None, todo)
-    if (digest := sha256_stream(path)) != m.sha256: _refuse_mismatch(m, path, size, digest, todo)
+    if (digest := sha256_file(path)) != m.sha256: _refuse_mismatch(m, path, size, digest, todo)
     return path
 
 # %% ../nbs/03a_model.ipynb #42a93bd9
@@ -185,14 +179,12 @@ CHECKPOINT_FILES = ('config.json', 'generation_config.json', 'model.safetensors'
 
 def _wanted(m:EmbeddedModel) -> dict:
     # imported here: GPU machines run this module without the shop's libraries
-    from shopping_grpo.records import sha256_file
     template = sha256_file(chat_template_path()) if m.project_template else None  # else the GGUF's, in its hash
     return dict(recipe=MATERIALIZE_RECIPE, model=m.name, gguf=m.gguf_name, gguf_sha256=m.sha256,
                 chat_template_sha256=template)
 
 def materialized_ok(path, wanted:dict) -> bool:
     "Whether `path` holds a complete checkpoint built from what `wanted` describes, with intact weights."
-    from shopping_grpo.records import sha256_file
     path = Path(path)
     try: rec = json.loads((path/'materialized.json').read_text())
     except (OSError, ValueError): return False
@@ -206,7 +198,6 @@ BUILD_PACKAGES = ('torch', 'transformers', 'gguf', 'safetensors', 'tokenizers')
 def _build_checkpoint(m:EmbeddedModel, gguf:Path, out:Path, wanted:dict) -> dict:
     "Write the bf16 checkpoint of `m` from `gguf` into the empty folder `out`; its record."
     from transformers import GenerationConfig
-    from shopping_grpo.records import sha256_file, package_versions, write_atomic
     t0 = time.time()
     model = _dequantized_model(gguf)
     tok = _fixed_tokenizer(m, gguf, model.config.max_position_embeddings)
@@ -249,7 +240,6 @@ def materialize_model(model:str=EMBEDDED_MODEL, home=None, progress:bool=True) -
 
 # %% ../nbs/03a_model.ipynb #ed53d940
 def _weights_sha256(path:Path) -> str|None:
-    from shopping_grpo.records import sha256_file
     files = sorted(path.glob('*.safetensors'))
     if len(files) == 1: return sha256_file(files[0])
     if not files: return None
@@ -344,7 +334,6 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
                  progress:bool=True) -> dict:
     "Pack `wheels` and `model`'s GGUF into pieces of `piece_mb` MB under `out`, with MANIFEST.json and assemble.sh."
     import shlex, tarfile
-    from shopping_grpo.records import write_atomic
     out, wheels = Path(out), [Path(w) for w in wheels]
     if bad := [str(w) for w in wheels if w.suffix != '.whl' or not w.is_file()]:
         raise FileNotFoundError(f"not wheel files: {bad}")
@@ -364,9 +353,9 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
             if progress: print(f"packing {gguf} as {name}", file=sys.stderr)
             tar.add(gguf, arcname=f'gguf/{name}')
     stream.close()
-    files = [dict(file=w.name, bytes=w.stat().st_size, sha256=sha256_stream(w)) for w in wheels]
+    files = [dict(file=w.name, bytes=w.stat().st_size, sha256=sha256_file(w)) for w in wheels]
     model_rec = None
-    if model: model_rec = dict(name=model, file=name, bytes=Path(gguf).stat().st_size, sha256=sha256_stream(gguf))
+    if model: model_rec = dict(name=model, file=name, bytes=Path(gguf).stat().st_size, sha256=sha256_file(gguf))
     manifest = dict(format=1, pieces=stream.pieces, stream=dict(bytes=sum(p['bytes'] for p in stream.pieces),
                     sha256=stream.whole.hexdigest()), wheels=files, model=model_rec,
                     created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))

@@ -9,14 +9,14 @@ from collections import Counter
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from .records import write_atomic, sha256_file, append_record, read_jsonl, pin_run, package_versions
-from .episode import ChatRenderer, hermes_text, generated_text
+from .episode import ChatRenderer, generated_text
 from .collect import load_trajectories
 
 # %% auto #0
 __all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator', 'labelled_nll',
            'action_loss', 'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary',
            'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure', 'turn_agreement',
-           'agreement_table']
+           'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -425,3 +425,23 @@ def agreement_table(rows:list[dict]):
     return (df.group_by('before', 'teacher').agg(turns=pl.len(), agree=(pl.col('departure') == 'same').mean().round(3),
                 departures=pl.col('departure').filter(pl.col('departure') != 'same').value_counts(sort=True).head(2))
               .sort('turns', descending=True))
+
+# %% ../nbs/05_sft.ipynb #11ba5a97
+def expert_agreement(shop, model_path, out_dir, n_tasks:int|None=None, device:str='cpu', workers:int=2,
+                     progress:bool=False) -> dict:
+    "Teacher-forced agreement of the model at `model_path` with the expert on the first `n_tasks` evaluation tasks."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from shopping_grpo.policies import ExpertPolicy
+    from shopping_grpo.collect import collect
+    from shopping_grpo.model import materialize_model
+    t0, tasks = time.time(), shop.tasks['eval'][:n_tasks]
+    collect(shop, tasks, ExpertPolicy(shop.catalog), Path(out_dir)/'expert', workers=workers, progress=False)
+    recs = load_trajectories(Path(out_dir)/'expert'/'accepted.jsonl', tasks)
+    path = str(materialize_model(model_path))
+    dtype = torch.bfloat16 if str(device).startswith('cuda') else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    rows = turn_agreement(model, AutoTokenizer.from_pretrained(path), recs, progress=progress)
+    return dict(model=str(model_path), tasks=len(tasks), episodes=len(recs), turns=len(rows),
+                agree=round(sum(r['departure'] == 'same' for r in rows) / max(1, len(rows)), 3),
+                minutes=round((time.time() - t0) / 60, 2), table=agreement_table(rows).to_dicts())

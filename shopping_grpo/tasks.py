@@ -205,7 +205,6 @@ def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) ->
     parts = []
     if brand: parts.append(pick(s['brand']).format(x=brand))
     if f.model: parts.append(pick(s['model']).format(x=write_name(p['model'], pick(s['model_forms']))))
-    feats = [p['features'][p['feature_keys'].index(k)] for k in f.features]
     need = [k for k in f.features if k in s['needs_table'] and rng.random() < s['needs']]
     parts += [pick(s['needs_table'][k]) for k in need]
     plain = [p['features'][p['feature_keys'].index(k)] for k in f.features if k not in need]
