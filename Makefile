@@ -35,9 +35,13 @@ $(STAMP): pyproject.toml
 run: setup vllm-env
 	$(BIN)/shopping-grpo pipeline --profile $(PROFILE) --run $(RUN)
 
-test: setup
+# the veRL agent loop's tests run in veRL's own venv (built by verl-env); pytest-asyncio, which veRL brings, is not used
+VERL_TEST := $(VERL_VENV)/bin/python -m pytest -q -p no:asyncio tests/test_verl_loop.py
+
+test: setup verl-env
 	cd nbs && ../$(BIN)/nbdev-test --n-workers 2
 	$(BIN)/pytest -q -m "not slow and not gpu"
+	$(VERL_TEST)
 
 test-slow: setup
 	$(BIN)/pytest -q -m "slow and not gpu"
@@ -74,7 +78,7 @@ endif
 	@rm -f $(VERL_VENV)/.installed-*; touch $@
 
 test-verl: verl-env
-	$(VERL_VENV)/bin/python -m pytest -q tests/test_verl_loop.py
+	$(VERL_TEST)
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean

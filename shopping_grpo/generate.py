@@ -5,10 +5,12 @@
 # %% ../nbs/03b_generate.ipynb #e2ce1093
 from __future__ import annotations
 import math, time
+from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['TransformersPolicy', 'additive_mask', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder']
+__all__ = ['TransformersPolicy', 'additive_mask', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder', 'row_cache',
+           'SlotDecoder']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
 def _load(model_path, device, dtype, model, tokenizer):
@@ -214,6 +216,224 @@ def __call__(self:StaticDecoder, contexts:list[list[int]]) -> list[list[int]]:
     out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
     res = [_cut(o, self.end_id) for o in out]
     self.last_logprobs = [l[:len(r)] for l, r in zip(lp, res)]
+    self.generated += sum(map(len, res))
+    self.gen_seconds += time.time() - t0
+    return res
+
+# %% ../nbs/03b_generate.ipynb #51aa6c06
+@lru_cache(None)
+def _row_layer():
+    "The cache layer class whose rows write at their own columns (built on first use: transformers is imported lazily)."
+    from transformers.cache_utils import StaticLayer
+    class RowLayer(StaticLayer):
+        "A static cache layer in which each row writes its new keys and values at its own columns."
+        def __init__(self, where, keys, values):
+            super().__init__(max_cache_len=keys.shape[2])
+            self.where, self.keys, self.values = where, keys, values
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        def update(self, key_states, value_states, *args, **kwargs):
+            w = self.where
+            idx = w.cols[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+            if w.rows is None:  # every row: in place (the captured decode step)
+                self.keys.scatter_(2, idx, key_states)
+                self.values.scatter_(2, idx, value_states)
+                return self.keys[:, :, :w.width], self.values[:, :, :w.width]
+            k = self.keys[w.rows, :, :w.width].scatter_(2, idx, key_states)  # the pass's rows, gathered
+            v = self.values[w.rows, :, :w.width].scatter_(2, idx, value_states)
+            self.keys[w.rows, :, :w.width], self.values[w.rows, :, :w.width] = k, v
+            return k, v
+    return RowLayer
+
+class _Where:
+    """Which rows a forward pass covers (None: all), the columns each of their new tokens goes to, and how many
+    columns attention reads (`width`)."""
+    rows, cols, width = None, None, None
+
+def row_cache(config, rows:int, length:int, dtype, device):
+    "A KV cache of `rows` x `length` columns whose rows each write at their own columns, with its `_Where`."
+    import torch
+    from transformers.cache_utils import Cache
+    kvh = config.num_key_value_heads
+    d = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+    where = _Where()
+    z = lambda: torch.zeros(rows, kvh, length, d, dtype=dtype, device=device)
+    layers = [_row_layer()(where, z(), z()) for _ in range(config.num_hidden_layers)]
+    return Cache(layers=layers), where
+
+# %% ../nbs/03b_generate.ipynb #d8ac427e
+class SlotDecoder:
+    """Batched decoding over rows that keep each episode's KV cache between calls: a call prefills only the new tail of
+    each context (tool response, next header) and refills rows of finished episodes at once."""
+    def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
+                 device:str|None=None, dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None,
+                 rows:int=64,                   # episodes held at once (the lockstep batch may not exceed it)
+                 max_context:int=8192,          # tokens a row holds, generation included
+                 prefill_tokens:int=32768,      # (rows x padded width) a prefill pass holds at most
+                 bucket:int=512,                # attention reads the columns in use, rounded up to this
+                 cuda_graph:bool|None=None, seed:int=0, grouped_attention:bool=True):
+        import torch
+        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
+        if grouped_attention: use_grouped_sdpa(self.model)
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
+        self.rows, self.max_context, self.prefill_tokens = rows, max_context, prefill_tokens
+        self.L, self.bucket = max_context + 1, bucket  # columns; the last one past every live row is scratch
+        self.graph = self.device.startswith('cuda') if cuda_graph is None else cuda_graph
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.cache, self.where, self.graphs = None, None, {}
+        self.held = [None] * rows                    # the ids whose keys and values each row holds
+        self.generated, self.gen_seconds, self.last_logprobs = 0, 0.0, []
+        self.prefilled, self.reused = 0, 0           # tokens prefilled, tokens found already in a row's cache
+
+# %% ../nbs/03b_generate.ipynb #dab6db94
+@patch
+def _ensure(self:SlotDecoder):
+    "Allocate the cache and the decode step's buffers on first use."
+    import torch
+    if self.cache is not None: return
+    self.cache, self.where = row_cache(self.model.config, self.rows, self.L, self.model.dtype, self.device)
+    z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)
+    self.lens, self.live = z(self.rows), torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+    self.tok_in, self.cols1, self.cols = z(self.rows, 1), z(self.rows, 1), torch.arange(self.L, device=self.device)
+
+@patch
+def _assign(self:SlotDecoder, contexts:list[list[int]]) -> list[int]:
+    "A row for each context: the row whose held ids begin it, else a free one; rows no context continues are freed."
+    if len(contexts) > self.rows:
+        raise ValueError(f"{len(contexts)} contexts but the decoder holds {self.rows} rows: raise `rows`")
+    if (n := max(map(len, contexts))) + self.max_new_tokens > self.max_context:
+        raise ValueError(f"a context of {n} tokens plus {self.max_new_tokens} new ones exceeds {self.max_context}")
+    taken, out = set(), []
+    for i, c in enumerate(contexts):
+        # the row used at this rank last time is tried first: the runner keeps its episodes in order
+        order = ([self._order[i]] if i < len(getattr(self, '_order', [])) else []) + list(range(self.rows))
+        r = next((r for r in order if r not in taken and self.held[r] is not None and len(self.held[r]) <= len(c)
+                  and c[:len(self.held[r])] == self.held[r]), None)
+        out.append(r)
+        if r is not None: taken.add(r)
+    for r in range(self.rows):
+        if r not in taken: self.held[r] = None
+    free = iter(r for r in range(self.rows) if r not in taken)
+    out = [r if r is not None else next(free) for r in out]
+    self._order = out
+    return out
+
+# %% ../nbs/03b_generate.ipynb #00048ea7
+@patch
+def _width(self:SlotDecoder, longest:int) -> int:
+    "The columns attention reads when no row grows past `longest` tokens: rounded up to a bucket, one spare."
+    return min(self.L, -(-(longest + 1) // self.bucket) * self.bucket)
+
+@patch
+def _prefill(self:SlotDecoder, rows:list[int], chunks:list[list[int]], starts:list[int], width:int|None=None):
+    """Write each row's new tokens after its first `start` columns; the logits after each row's last token. Attention
+    reads `width` columns, the last of them scratch."""
+    import torch
+    dev, res = self.device, {}
+    L = width or self._width(max(s + len(c) for s, c in zip(starts, chunks)))
+    self.where.width = L
+    order = sorted(range(len(rows)), key=lambda i: len(chunks[i]))
+    groups, g = [], []
+    for i in order:  # rows of similar width pass together, at most `prefill_tokens` (rows x width) a pass
+        if g and (len(g) + 1) * len(chunks[i]) > self.prefill_tokens: groups.append(g); g = []
+        g.append(i)
+    groups.append(g)
+    for g in groups:
+        w = max(len(chunks[i]) for i in g)
+        step = max(1, self.prefill_tokens // len(g))
+        for s0 in range(0, w, step):  # a wide group passes in pieces of `step` columns
+            q = min(step, w - s0)
+            ids = torch.full((len(g), q), self.pad_id, dtype=torch.long)
+            col = torch.full((len(g), q), L - 1, dtype=torch.long)
+            for j, i in enumerate(g):  # left padding: every row's last token is the pass's last column
+                c, off = chunks[i], w - len(chunks[i])
+                lo, hi = max(s0, off), s0 + q
+                if hi > lo:
+                    ids[j, lo - s0:] = torch.tensor(c[lo - off:hi - off])
+                    col[j, lo - s0:] = torch.arange(starts[i] + lo - off, starts[i] + hi - off)
+            ids, col = ids.to(dev), col.to(dev)
+            real = col < L - 1
+            cols = self.cols[:L]
+            keep = torch.where(real[..., None], cols <= col[..., None], cols == L - 1)
+            self.where.rows, self.where.cols = torch.tensor([rows[i] for i in g], device=dev), col
+            out = self.model(input_ids=ids, attention_mask=additive_mask(keep, self.model.dtype),
+                             position_ids=torch.where(real, col, 0), past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1)
+        for j, i in enumerate(g): res[i] = out.logits[j, -1]
+    self.where.rows = None
+    return torch.stack([res[i] for i in range(len(rows))])
+
+# %% ../nbs/03b_generate.ipynb #f589dd6c
+@patch
+def _step(self:SlotDecoder, L:int):
+    """Logits of every row's next token after writing `tok_in` at its column, attention reading `L` columns (the part
+    captured as a graph, one per width)."""
+    import torch
+    self.where.rows, self.where.cols, self.where.width = None, self.cols1, L
+    self.cols1.copy_(torch.where(self.live, self.lens, L - 1)[:, None])
+    cols = self.cols[None, :L]
+    keep = torch.where(self.live[:, None], cols <= self.lens[:, None], cols == L - 1)
+    out = self.model(input_ids=self.tok_in, attention_mask=additive_mask(keep, self.model.dtype),
+                     position_ids=torch.where(self.live, self.lens, 0)[:, None], past_key_values=self.cache,
+                     use_cache=True)
+    return out.logits[:, -1]
+
+@patch
+def _capture(self:SlotDecoder, L:int):
+    "The decode step of width `L` captured as a CUDA graph, and its logits buffer."
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream; it writes only where the next real step writes
+        for _ in range(2): self._step(L)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g): out = self._step(L)
+    self.graphs[L] = (g, out)
+    return self.graphs[L]
+
+# %% ../nbs/03b_generate.ipynb #27c9b921
+@patch
+def __call__(self:SlotDecoder, contexts:list[list[int]]) -> list[list[int]]:
+    "New ids for each context, cut after the end-of-turn token; `last_logprobs` holds their log-probabilities."
+    import torch
+    t0 = time.time()
+    self._ensure()
+    rows = self._assign(contexts)
+    starts = [min(len(self.held[r] or []), len(c) - 1) for r, c in zip(rows, contexts)]  # >= 1 new token a row
+    chunks = [c[s:] for c, s in zip(contexts, starts)]
+    self.prefilled += sum(map(len, chunks))
+    self.reused += sum(starts)
+    width = self._width(max(map(len, contexts)) + self.max_new_tokens)
+    with torch.inference_mode():
+        first = self._prefill(rows, chunks, starts, width)
+        idx = torch.tensor(rows, device=self.device)
+        self.live.zero_()
+        self.live[idx] = True
+        self.lens.zero_()
+        self.lens[idx] = torch.tensor([len(c) for c in contexts], device=self.device)
+        graph = (self.graphs.get(width) or self._capture(width)) if self.graph else None
+        logits = torch.zeros(self.rows, first.shape[-1], dtype=first.dtype, device=self.device)
+        logits[idx] = first
+        toks, lps, done = [], [], torch.zeros(len(rows), dtype=torch.bool, device=self.device)
+        for t in range(self.max_new_tokens):
+            tok, lp = sample_next(logits, self.temperature, self.top_p, self.gen)
+            toks.append(tok[idx])
+            lps.append(lp[idx])
+            done |= toks[-1] == self.end_id
+            if t == self.max_new_tokens - 1 or (t % 16 == 15 and bool(done.all())): break
+            self.tok_in[:, 0] = tok
+            if graph is not None:
+                graph[0].replay()
+                logits = graph[1]
+            else: logits = self._step(width)
+            self.lens += self.live
+    out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
+    res = [_cut(o, self.end_id) for o in out]
+    fed = len(out[0]) - 1  # the last sampled token of the call was never written to the cache
+    for r, c, o in zip(rows, contexts, res): self.held[r] = c + o[:fed]
+    self.last_logprobs = [l[:len(x)] for l, x in zip(lp, res)]
     self.generated += sum(map(len, res))
     self.gen_seconds += time.time() - t0
     return res

@@ -12,10 +12,11 @@ from fastcore.basics import patch
 from .records import write_atomic, append_record, pin_run, read_jsonl
 from .episode import run_lockstep, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
+from .reward import known_reward, training_reward
 
 # %% auto #0
 __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'register_credit',
-           'known_credit', 'credit_advantages', 'episode_info', 'rollout_output', 'reward_v3', 'flat_groups',
+           'known_credit', 'credit_advantages', 'episode_info', 'rollout_output', 'reward_function', 'flat_groups',
            'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout', 'step_figures',
            'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
            'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
@@ -64,21 +65,29 @@ class GRPORecipe:
     merged_decode:bool = False
     val_every:int = 10                   # steps between validations (and checkpoints)
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
-    # 'generate' (TransformersPolicy) or 'static' (StaticDecoder, CUDA graphs on GPU)
+    # 'generate' (TransformersPolicy), 'static' (StaticDecoder: prefills every context whole each turn) or
+    # 'slot' (SlotDecoder: each episode keeps its KV cache between turns, one row each); CUDA graphs on GPU
     decoder:str = 'generate'
     # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
     batch_multiple:int = 16
     gradient_checkpointing:bool = False
     # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
     credit:str = 'episode'
+    # the reward trained on (02_reward's training_reward): 'v3' Reward v3, 'v3_strict' only gold beats a graceful stop
+    reward:str = 'v3'
     seed:int = 0
+    def __post_init__(self):
+        known_reward(self.reward)
+        if self.reward != 'v3' and self.credit != 'episode':
+            raise ValueError(f"reward {self.reward!r} needs credit='episode': the step-credit variants "
+                             "(06c_step_credit) compute their advantages from the records' Reward v3")
     @property
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
 
 PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24,
                            extra_groups=1, merged_decode=True,
                            val_every=1, n_val=2),
-                gpu=dict(decoder='static', merged_decode=True))
+                gpu=dict(decoder='slot', merged_decode=True))
 
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
     "The recipe of `profile`, with `overrides` (None values are ignored)."
@@ -115,7 +124,7 @@ def credit_advantages(credit:str, **kw):
 def episode_info(rec:dict) -> dict:
     "What later stages need of an episode besides its ids: outcome, per-turn spans and page keys."
     return dict(task_id=rec['task_id'], valid=episode_valid(rec), reward=rec['reward'],
-                strict_success=rec['strict_success'],
+                strict_success=rec['strict_success'], outcome=rec['reward_detail'].get('outcome'),
                 termination_reason=rec['termination_reason'], n_turns=rec['n_turns'],
                 turn_spans=[list(s) for s in rec['turn_spans']],
                 page_keys=page_keys(rec), guard_rejections=rec['flags'].get('guard_rejection', 0))
@@ -133,16 +142,20 @@ def rollout_output(recs:list[dict], end_id:int) -> dict:
                              v in zip(recs, ok)], episode=[episode_info(r) for r in recs])
 
 # %% ../nbs/06_grpo.ipynb #63003ed6
-def reward_v3(completions, shop_reward, **kw) -> list[float|None]:
-    "Reward v3 of each episode as the shop scored it; None for an episode that is not valid."
-    return list(shop_reward)
+def reward_function(kind:str='v3'):
+    "TRL's reward function for the recipe's `reward`: each valid episode's training reward, None for the others."
+    known_reward(kind)
+    def reward(completions, shop_reward, episode, **kw) -> list[float|None]:
+        return [None if r is None else training_reward(e, kind) for r, e in zip(shop_reward, episode)]
+    reward.__name__ = f'reward_{kind}'  # TRL logs rewards/<name>/mean
+    return reward
 
 # %% ../nbs/06_grpo.ipynb #b5af1be4
-def flat_groups(recs:list[dict], group_size:int) -> list[int]:
-    "Indices of the groups whose valid rewards do not vary."
+def flat_groups(recs:list[dict], group_size:int, reward:str='v3') -> list[int]:
+    "Indices of the groups whose valid episodes' training rewards (`reward`, see 02_reward) do not vary."
     out = []
     for g in range(len(recs) // group_size):
-        rs = [r['reward'] for r in recs[g * group_size:(g + 1) * group_size] if episode_valid(r)]
+        rs = [training_reward(r, reward) for r in recs[g * group_size:(g + 1) * group_size] if episode_valid(r)]
         if len(rs) < 2 or max(rs) - min(rs) < 1e-9: out.append(g)
     return out
 
@@ -154,11 +167,13 @@ def kept_groups(n_played:int, flat:list[int], n:int) -> list[int]:
 
 # %% ../nbs/06_grpo.ipynb #ca104151
 def make_policy(model, tokenizer, recipe:GRPORecipe):
-    "The token policy that samples from `model`: `StaticDecoder` or `TransformersPolicy`, per the recipe."
-    from shopping_grpo.generate import TransformersPolicy, StaticDecoder
+    "The token policy that samples from `model`: `SlotDecoder`, `StaticDecoder` or `TransformersPolicy`, per the recipe."
+    from shopping_grpo.generate import TransformersPolicy, StaticDecoder, SlotDecoder
     dev = str(next(model.parameters()).device)
     kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p,
               max_new_tokens=recipe.max_new_tokens, device=dev)
+    if recipe.decoder == 'slot':
+        return SlotDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context, **kw)
     if recipe.decoder == 'static': return PaddedBatch(StaticDecoder(seed=recipe.seed, **kw), recipe.batch_multiple)
     return TransformersPolicy(**kw)
 
@@ -178,17 +193,18 @@ class PaddedBatch:
         return out
 
 # %% ../nbs/06_grpo.ipynb #fd24f46e
-def decoder_gap(model, policy, contexts:list[list[int]]) -> float:
-    "Largest gap between the log-probabilities a greedy `policy` reports for its tokens and `model`'s forward pass."
+def decoder_gap(model, policy, contexts:list[list[int]]) -> dict:
+    """How far the log-probabilities a greedy `policy` reports for its tokens are from `model`'s forward pass: the mean
+    and the largest absolute gap over the generated tokens."""
     import torch
-    dev, gap = next(model.parameters()).device, 0.0
+    dev, gaps = next(model.parameters()).device, []
     outs = policy(contexts)
     for c, o, lp in zip(contexts, outs, policy.last_logprobs):
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([c + o], device=dev)).logits[0, len(c) - 1:-1].float()
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(o, device=dev)[:, None])[:, 0]
-        gap = max(gap, (ref.cpu() - torch.tensor(lp)).abs().max().item())
-    return gap
+        gaps += (ref.cpu() - torch.tensor(lp)).abs().tolist()
+    return dict(mean=sum(gaps) / max(1, len(gaps)), max=max(gaps, default=0.0), tokens=len(gaps))
 
 # %% ../nbs/06_grpo.ipynb #c869ebbd
 class MergedCopy:
@@ -384,7 +400,7 @@ def validate(run:GRPORun, model, step:int) -> dict:
                                  temperature=0.0), progress=False, max_context=c.max_context,
                      max_new_tokens=c.max_new_tokens)
         # the captured graphs read the adapter weights in place: check them on the trained weights
-        if c.decoder == 'static':
+        if c.decoder in ('static', 'slot'):
             gap = decoder_gap(model, pol,
                               [TokenEpisode(Episode(run.shop.env(), t, run.lang), run.renderer).prompt_ids
                                for t in run.val_tasks[:8]])
@@ -394,7 +410,8 @@ def validate(run:GRPORun, model, step:int) -> dict:
     model.save_pretrained(str(out/'adapter'))
     rec = dict(kind='val', step=step, mean_reward=s['mean_reward'], strict_success=s['strict_success'],
                purchase_success=s['purchase_success'],
-               n_tasks=s['n_tasks'], infrastructure_invalid=s['infrastructure_invalid'], decoder_gap=gap,
+               n_tasks=s['n_tasks'], infrastructure_invalid=s['infrastructure_invalid'],
+               decoder_gap=gap and gap['mean'], decoder_gap_max=gap and gap['max'],
                seconds=round(time.time() - t0, 2))
     _durable(run.metrics, rec)
     return rec
@@ -479,10 +496,10 @@ def read_metrics(path) -> list[dict]:
     return read_jsonl(path)[0]
 
 def best_validation(records:list[dict]) -> dict:
-    "The validation record with the highest mean reward (then strict success, then the earliest step)."
+    "The validation record with the highest strict success (then mean reward, then the earliest step)."
     vals = [r for r in records if r['kind'] == 'val']
     if not vals: raise ValueError('no validation record: nothing to choose from')
-    return max(vals, key=lambda r: (r['mean_reward'], r['strict_success'], -r['step']))
+    return max(vals, key=lambda r: (r['strict_success'], r['mean_reward'], -r['step']))
 
 # %% ../nbs/06_grpo.ipynb #3a76dede
 def export_best(out_dir, start_model) -> dict:
@@ -569,7 +586,7 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     logging.getLogger('trl.trainer.grpo_trainer').addFilter(drop_none_reward_warning)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='.*rollout_func.*experimental')
-        trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_v3],
+        trainer = shop_grpo_trainer()(model=load_policy_model(path), reward_funcs=[reward_function(c.reward)],
                                       args=grpo_args(c, out_dir, progress),
                                       train_dataset=grpo_dataset(shop.tasks['grpo_train']), processing_class=tok,
                                       peft_config=lora, rollout_func=rollout,

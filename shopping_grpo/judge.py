@@ -13,6 +13,7 @@ from typing import Literal
 from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .env import subcategories
+from .reward import INFRA_REASONS
 from .records import write_atomic, package_versions, read_records, repair_tail, append_record
 from .tasks import Task
 from .evaluate import summarize
@@ -20,14 +21,19 @@ from .tools import approx_tokens
 
 # %% auto #0
 __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'CUTS', 'FORBIDDEN',
-           'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'Candidate', 'candidates',
-           'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric', 'RubricError', 'Decision',
-           'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable', 'Endpoint', 'curator_messages',
-           'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics', 'rubric_set_sha256', 'agent_view',
-           'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages', 'plant_sentinels', 'JudgmentError',
-           'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema', 'prompt_sha256', 'judge_record',
-           'current_judgments', 'has_agent_view', 'judgeable', 'judge_model', 'not_judged_reasons', 'panel_reward',
-           'panel_rubric', 'panel_quality', 'panel_behaviour', 'judge_summary', 'model_dirs', 'run_judges']
+           'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'SOFT_COMPONENTS', 'VERDICTS',
+           'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES', 'LEAK_KINDS', 'MAX_WRONG_PASS', 'WRONG_PASSES',
+           'Candidate', 'candidates', 'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric',
+           'RubricError', 'Decision', 'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable',
+           'Endpoint', 'curator_messages', 'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics',
+           'rubric_set_sha256', 'agent_view', 'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages',
+           'plant_sentinels', 'JudgmentError', 'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema',
+           'prompt_sha256', 'judge_record', 'current_judgments', 'has_agent_view', 'judgeable', 'judge_model',
+           'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality', 'panel_behaviour', 'judge_summary',
+           'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event', 'purchased_asin', 'decisive_events',
+           'citation_check', 'agreement_figures', 'judge_agreement', 'truth_judgment', 'curator_agreement',
+           'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'run_agreement', 'write_agreement',
+           'model_dirs', 'run_judges']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -425,14 +431,14 @@ JUDGE_PROMPT = (
     'For each rubric requirement, give a verdict about the product the agent finally bought (with the options it '
     'selected and the price shown for them): "met" when the pages show that it satisfies the requirement, "unmet" '
     'when the agent bought nothing or the pages show that the product fails it, "unclear" when the pages do not show '
-    'enough. Cite the ids of the events that show it; "met" and "unmet" need at least one.\n'
+    'enough. Cite the ids of the events that show it (at least one; for "unclear", the last event that bears on it).\n'
     "Score each dimension 0 (poor), 1 (partly) or 2 (good):\n"
     "{scores}\n"
     "Choose the error category that best names the main mistake:\n"
     "{errors}\n"
     "Answer with one JSON object and nothing else:\n"
     '{{"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
-    '"R2": {{"verdict": "unclear", "events": []}}}}, '
+    '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, '
     '"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}')
 
 def judge_system_prompt() -> str:
@@ -447,7 +453,8 @@ CUTS = ((None, 400), (30, 400), (15, 300), (8, 200), (4, 120), (2, 80), (1, 60))
 
 def judge_messages(rec:dict, rubric:Rubric, max_tokens:int=4500) -> list[dict]:
     "The judge's conversation for one trajectory: the request, the rubric, the counts and the episode."
-    reqs = '\n'.join(f'{r.id} [{r.label}] {r.text} (the request says: "{r.quote}")' for r in rubric.requirements)
+    said = lambda r: f' (the request says: "{r.quote}")' if quoted(rec['instruction'], r.quote) else ''
+    reqs = '\n'.join(f'{r.id} [{r.label}] {r.text}{said(r)}' for r in rubric.requirements)
     counts = json.dumps(visible_metrics(rec), ensure_ascii=False)
     head = f"Request: {rec['instruction']}\n\nRubric:\n{reqs}\n\nCounts: {counts}\n\nEpisode:\n"
     for lines, chars in CUTS:
@@ -507,9 +514,9 @@ def check_judgment(text:str, rubric:Rubric, events:list[str]) -> Judgment:
 
 # %% ../nbs/08_judge.ipynb #b0c8225d
 def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3) -> dict:
-    "The JSON schema of a judgment for this rubric and episode: ids enumerated, lists and text bounded."
+    "The JSON schema of a judgment for this rubric and episode: ids enumerated, one to `max_cited` citations, text bounded."
     obj = lambda req, **props: dict(type='object', additionalProperties=False, required=req, properties=props)
-    cited = dict(type='array', items=dict(type='string', enum=events), maxItems=max_cited)
+    cited = dict(type='array', items=dict(type='string', enum=events), minItems=1, maxItems=max_cited)
     verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=['met', 'unmet', 'unclear']), events=cited)
     ids = [r.id for r in rubric.requirements]
     return obj(['requirements', 'scores', 'error_category', 'summary'],
@@ -534,7 +541,7 @@ def judge_record(rec:dict, rubric:Rubric, judge:Endpoint, max_tokens:int=4500) -
                     seconds=round(time.time() - t0, 2))
     for attempt in (1, 2):
         try: text = judge.chat(msgs, judgment_schema(rubric, ids), 'judgment')
-        except openai.BadRequestError as e:
+        except (openai.BadRequestError, ValueError) as e:  # refused: by a server, or a local endpoint (too long)
             return out(status='not_judged', reason=f'request refused: {str(e)[:300]}', attempts=attempt,
                        answers=answers)
         answers.append(text[:2000])
@@ -649,12 +656,14 @@ def panel_rubric(valid:dict, recs:dict, rubrics:dict[str, Rubric], n:int) -> dic
                        for k in ks for r in rubrics[k].requirements)
     hard, full = [_met(valid[k], rubrics[k], 'hard') for k in ks], [_met(valid[k], rubrics[k]) for k in ks]
     gold = [(f, bool(recs[k]['strict_success'])) for k, f in zip(ks, full)]
+    purchase = [(f, bool(recs[k]['purchase_success'])) for k, f in zip(ks, full)]
     gates = [(h, _gates_passed(recs[k])) for k, h in zip(ks, hard)]
     return dict(judged=len(ks), all_hard_met=sum(hard), all_met=sum(full), all_hard_met_rate=rate(hard, n),
                 all_met_rate=rate(full, n), all_hard_met_of_judged=rate(hard, len(ks)),
                 all_met_of_judged=rate(full, len(ks)),
                 verdicts={f'{l}:{v}': c for (l, v), c in sorted(verdicts.items())},
                 all_met_vs_gold=_two_by_two(gold, 'all_met', 'gold'),
+                all_met_vs_purchase=_two_by_two(purchase, 'all_met', 'purchase'),
                 hard_met_vs_gates=_two_by_two(gates, 'hard_met', 'gates_passed'))
 
 # %% ../nbs/08_judge.ipynb #0250b755
@@ -707,6 +716,289 @@ def judge_summary(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:
              panels=panels, run=run, versions=package_versions(JUDGE_PACKAGES))
     write_atomic(model_dir/'judge_summary.json', json.dumps(s, indent=1, ensure_ascii=False))
     return s
+
+# %% ../nbs/08_judge.ipynb #9efdcf66
+SOFT_COMPONENTS = dict(brand='brand', model='model', feature='functions', option='options')  # kind -> component
+
+def _share_truth(share) -> bool|None:
+    "A soft-match share as a truth: 1 met, 0 unmet; a share in between does not say which one (None)."
+    if share is None: return None
+    return True if share >= 1 - 1e-9 else False if share <= 1e-9 else None
+
+def source_truth(detail:dict, source:str) -> bool|None:
+    "Whether the product a Reward v3 `detail` scored meets candidate `source`; None when the detail does not say."
+    kind = source.split(':')[0]
+    if kind in HARD_KINDS: return {'pass': True, 'fail': False}.get((detail.get('gates') or {}).get(kind))
+    return _share_truth((detail.get('components') or {}).get(SOFT_COMPONENTS.get(kind)))
+
+def _all_met(truths:list) -> bool|None:
+    "Three-valued and: unmet if one is unmet, else unknown if one is unknown, else met."
+    return False if False in truths else None if None in truths else True
+
+# %% ../nbs/08_judge.ipynb #ded67735
+def requirement_truth(rec:dict, rubric:Rubric) -> dict[str, bool|None]:
+    "The truth of each requirement of `rubric` for what episode `rec` bought, by requirement id (None: unknown)."
+    ids = [r.id for r in rubric.requirements]
+    if rec.get('infrastructure_invalid') or rec['termination_reason'] in INFRA_REASONS: return dict.fromkeys(ids)
+    if rec['termination_reason'] != 'purchase': return dict.fromkeys(ids, False)
+    return {r.id: _all_met([source_truth(rec['reward_detail'], s) for s in r.sources]) for r in rubric.requirements}
+
+# %% ../nbs/08_judge.ipynb #636ab5c0
+VERDICTS = ('met', 'unmet', 'unclear')
+
+def cohen_kappa(counts:dict) -> tuple[float|None, str]:
+    "Cohen's kappa of a table {(verdict, truth): n}, and '' or why it is undefined (then None)."
+    n = sum(counts.values())
+    if not n: return None, 'no verdict with a known truth'
+    said, truth = Counter(), Counter()
+    for (v, t), c in counts.items(): said[v] += c; truth[t] += c
+    if len(classes := [t for t, c in truth.items() if c]) < 2:
+        return None, f'the truth is {classes[0]} for every verdict: kappa cannot tell a judge from a constant'
+    p_o = sum(c for (v, t), c in counts.items() if v == t) / n
+    p_e = sum(said[k] * truth[k] for k in truth) / n**2
+    return round((p_o - p_e) / (1 - p_e), 4), ''
+
+# %% ../nbs/08_judge.ipynb #cf34601c
+def buy_event(rec:dict) -> str|None:
+    "The id of the call that bought, or None."
+    return next((e['id'] for e in rec['events'] if e['kind'] == 'action' and e['data']['tool'] == 'buy_now'), None)
+
+def purchased_asin(rec:dict) -> str|None:
+    "The asin of the product bought: the product page the agent was on when it bought; None without a purchase."
+    asin = None
+    for e in rec['events']:
+        if e['kind'] == 'observation' and e['data'].get('asin'): asin = e['data']['asin']
+        if e['kind'] == 'action' and e['data']['tool'] == 'buy_now': return asin
+    return None
+
+def decisive_events(rec:dict) -> set[str]:
+    "The events a met or unmet verdict may cite: the turns spent on the product bought, else the last turn."
+    ev = rec['events']
+    if not ev: return set()
+    if (asin := purchased_asin(rec)) is None: return {e['id'] for e in ev if e['turn'] == ev[-1]['turn']}
+    turns, page = set(), None
+    for e in ev:
+        if e['kind'] == 'observation': page = e['data'].get('asin')  # the next call is made on this page
+        elif e['kind'] == 'action':
+            opens = e['data']['tool'] == 'open_product' and e['data']['arguments'].get('asin') == asin
+            if opens or page == asin: turns.add(e['turn'])
+    on_it = lambda e: e['turn'] in turns or (e['kind'] == 'observation' and e['data'].get('asin') == asin)
+    return {e['id'] for e in ev if on_it(e)}
+
+def citation_check(rec:dict, cited:list[str], decisive:set|None=None) -> str:
+    "'valid', 'unknown_event' (an id not in the episode) or 'off_purchase' (no cited event is decisive)."
+    if not set(cited) <= set(event_ids(rec)): return 'unknown_event'
+    return 'valid' if set(cited) & (decisive_events(rec) if decisive is None else decisive) else 'off_purchase'
+
+# %% ../nbs/08_judge.ipynb #b0b73245
+KINDS = ('category', 'budget', 'brand', 'model', 'feature', 'option')
+
+def _judgment(j:dict) -> dict|None:
+    "The judgment of a judgment record (None unless judged), or a bare judgment as it is."
+    if 'requirements' in j: return j
+    return j.get('judgment') if j.get('status') == 'judged' else None
+
+def agreement_figures(counts:Counter, unknown:Counter) -> dict:
+    "n, accuracy, kappa and confusion table of {(verdict, truth): n}; the verdicts on an unknown truth by verdict."
+    n, agree = sum(counts.values()), sum(c for (v, t), c in counts.items() if v == t)
+    kappa, why = cohen_kappa(counts)
+    confusion = {v: {t: counts[v, t] for t in ('met', 'unmet')} for v in VERDICTS}
+    return dict(n=n, agree=agree, accuracy=_rate(agree, n), kappa=kappa, kappa_undefined=why or None,
+                unclear=sum(confusion['unclear'].values()), confusion=confusion,
+                truth_unknown={v: unknown[v] for v in VERDICTS})
+
+# %% ../nbs/08_judge.ipynb #348f1805
+def _task_table(pairs:list[tuple[bool, bool]], reward:str) -> dict:
+    "The judge's all-met against a success flag: the 2×2 table and the share of agreement."
+    return {**_two_by_two(pairs, 'all_met', reward), 'agreement': _rate(sum(a == b for a, b in pairs), len(pairs))}
+
+def judge_agreement(judgments:dict, recs:dict, rubrics:dict[str, Rubric]) -> dict:
+    """The judge against the truth: per requirement kind and overall, all met against strict and purchase success,
+    and the citations. `judgments` (records or bare judgments) and `recs` share keys; rubrics are by task id."""
+    counts, unknown = {k: Counter() for k in KINDS}, {k: Counter() for k in KINDS}
+    cites, tasks, stale = Counter(), [], 0
+    for key, j in judgments.items():
+        if (jj := _judgment(j)) is None or key not in recs: continue
+        rec = recs[key]
+        rub = rubrics[rec['task_id']]
+        if sorted(jj['requirements']) != sorted(r.id for r in rub.requirements): stale += 1; continue
+        truth, decisive = requirement_truth(rec, rub), decisive_events(rec)
+        for r in rub.requirements:
+            v = jj['requirements'][r.id]
+            if truth[r.id] is None: unknown[r.kind][v['verdict']] += 1
+            else: counts[r.kind][v['verdict'], 'met' if truth[r.id] else 'unmet'] += 1
+            if v['verdict'] != 'unclear': cites[citation_check(rec, v['events'], decisive)] += 1
+        all_met = all(v['verdict'] == 'met' for v in jj['requirements'].values())
+        tasks.append((all_met, bool(rec['strict_success']), bool(rec['purchase_success'])))
+    n_cited = sum(cites.values())
+    return dict(judged=len(tasks), stale=stale,
+                overall=agreement_figures(sum(counts.values(), Counter()), sum(unknown.values(), Counter())),
+                by_kind={k: agreement_figures(counts[k], unknown[k]) for k in KINDS},
+                all_met_vs_strict=_task_table([(a, s) for a, s, _ in tasks], 'strict'),
+                all_met_vs_purchase=_task_table([(a, p) for a, _, p in tasks], 'purchase'),
+                citations=dict(verdicts=n_cited, **{k: cites[k] for k in ('valid', 'off_purchase', 'unknown_event')},
+                               valid_share=_rate(cites['valid'], n_cited)))
+
+# %% ../nbs/08_judge.ipynb #507debd7
+def truth_judgment(rec:dict, rubric:Rubric) -> dict:
+    "The judgment a judge knowing the truth would give `rec` (unclear where it is unknown): to check the measures."
+    cite = [buy_event(rec) or rec['events'][-1]['id']]
+    word = {True: 'met', False: 'unmet', None: 'unclear'}
+    reqs = {k: dict(verdict=word[t], events=cite if t is not None else [])
+            for k, t in requirement_truth(rec, rubric).items()}
+    return dict(requirements=reqs, scores={k: 1 for k in SCORES}, error_category='none', summary='the truth, by code')
+
+# %% ../nbs/08_judge.ipynb #3d0b035f
+CURATION_COUNTS = ('facts', 'covered', 'missing', 'merged', 'wrongly_hard', 'wrongly_soft', 'extra')
+
+def curator_agreement(rubrics:dict[str, Rubric], tasks:list[Task]) -> dict:
+    "The rubrics of `tasks` against their facts: per kind and overall counts, and the first few problems."
+    per, problems, no_rubric = {k: Counter() for k in KINDS}, [], 0
+    def count(kind:str, what:str, task_id:str, source:str):
+        per.setdefault(kind if kind in KINDS else 'other', Counter())[what] += 1
+        if what not in ('facts', 'covered', 'merged'):
+            problems.append(dict(task_id=task_id, problem=what, source=source))
+    for t in tasks:
+        if (rub := rubrics.get(t.task_id)) is None: no_rubric += 1; continue
+        cands = {c.id: c for c in candidates(t)}
+        label = {s: r.label for r in rub.requirements for s in r.sources}
+        heads = {r.sources[0] for r in rub.requirements if r.sources}
+        for c in cands.values():
+            found = ['facts'] + (['missing'] if c.id not in label else
+                                 ['covered'] + ['merged'] * (c.id not in heads) +
+                                 [f'wrongly_{label[c.id]}'] * (label[c.id] != c.rule))
+            for what in found: count(c.kind, what, t.task_id, c.id)
+        for s in [s for r in rub.requirements for s in r.sources or ['']]:
+            if s not in cands: count(s.split(':')[0], 'extra', t.task_id, s)
+    by_kind = {k: {x: c[x] for x in CURATION_COUNTS} for k, c in per.items()}
+    overall = {x: sum(v[x] for v in by_kind.values()) for x in CURATION_COUNTS}
+    return dict(rubrics=len(tasks) - no_rubric, no_rubric=no_rubric, overall=overall, by_kind=by_kind,
+                problems=problems[:5])
+
+# %% ../nbs/08_judge.ipynb #cd0fb1ac
+LABELS = ('reward_detail', 'reward_valid', 'strict_success', 'purchase_success', 'soft_score', 'wrong_purchase',
+          'graceful_stop', 'early_abstain')  # the reward's field names and outcome labels
+PRIVATE_NAMES = ('n_constraints', 'target_asin', 'target_price', 'observation_state')  # names of hidden facts
+LEAK_KINDS = ('reward', 'success_label', 'gold_asin', 'private_fact')
+
+def _found(word:str, text:str) -> re.Match|None:
+    "Where `word` occurs in `text` as a whole token (case aside): not inside a longer word or number."
+    return re.search(rf'(?<![A-Za-z0-9_.]){re.escape(word)}(?![A-Za-z0-9_]|\.\d)', text, re.I) if word else None
+
+def _texts(msgs:list[dict]) -> str:
+    "The text of a conversation: every message's content and tool calls."
+    part = lambda m: (m.get('content') or '') + (json.dumps(m['tool_calls'], ensure_ascii=False)
+                                                 if m.get('tool_calls') else '')
+    return '\n'.join(part(m) for m in msgs)
+
+def _numbers(x:float|None) -> list[str]: return [] if x is None else list(dict.fromkeys([f'{x:g}', f'{x:.2f}']))
+
+# %% ../nbs/08_judge.ipynb #aaff161a
+def prompt_leaks(msgs:list[dict], rec:dict, task:Task|None=None) -> list[tuple[str, str, str]]:
+    "The forbidden things in the judge conversation `msgs` of `rec`, as (kind, what, context)."
+    text, user = _texts(msgs), _texts(msgs[1:])
+    no_rubric = re.sub(r'^Rubric:\n.*?(?=\n\nCounts: )', '', user, flags=re.M | re.S)
+    rest = re.sub(r'^Counts: .*$', '', no_rubric, flags=re.M)  # the counts: whitelisted numbers of visible events
+    seen = rec.get('instruction', '') + '\n' + _texts(rec.get('messages', []))
+    out = []
+    def hit(kind:str, what:str, where:str, m:re.Match):
+        out.append((kind, what, where[max(0, m.start() - 60):m.end() + 60]))
+    r = rec.get('reward')
+    exact = [repr(r)] if isinstance(r, float) and len(repr(r).split('.')[-1]) > 2 else []  # 0.55 could be a price
+    for kind, words, where in (('reward', ['reward'], text), ('reward', exact, user), ('success_label', LABELS, text),
+                               ('private_fact', PRIVATE_NAMES, text)):
+        for w in words:
+            if m := _found(w, where): hit(kind, w, where, m)
+    if task is None: return out
+    f = task.facts
+    answer = [('gold_asin', f.target_asin, user)] + [('private_fact', v, user) for v in _numbers(f.target_price)]
+    facts = [f.category, f.brand, f.model, *f.features, *f.options.values(), *_numbers(f.budget)]
+    for kind, v, where in answer + [('private_fact', v, rest) for v in facts if v]:
+        if (m := _found(v, where)) and not _found(v, seen): hit(kind, v, where, m)
+    return out
+
+# %% ../nbs/08_judge.ipynb #6bdd52ac
+def forbidden_in_prompts(messages_list:list[list[dict]], recs:list[dict], tasks:list[Task]|dict|None=None) -> dict:
+    "Forbidden things in the judge prompts of a run (`messages_list[i]` judges `recs[i]`): counts per kind, the first."
+    by = {t.task_id: t for t in tasks} if isinstance(tasks, list) else (tasks or {})
+    counts, first = Counter(), None
+    for msgs, rec in zip(messages_list, recs, strict=True):
+        for kind, what, where in prompt_leaks(msgs, rec, by.get(rec['task_id'])):
+            counts[kind] += 1
+            first = first or dict(task_id=rec['task_id'], kind=kind, what=what, context=where)
+    return dict(prompts=len(recs), total=sum(counts.values()), by_kind={k: counts[k] for k in LEAK_KINDS}, first=first)
+
+# %% ../nbs/08_judge.ipynb #37457d98
+MAX_WRONG_PASS = 0.05  # the share of the episodes it should fail that a judge may pass before it is flagged
+
+def _ranking_flags(valid:dict) -> list[str]:
+    "A random shopper ranked above the expert or the oracle, by all-met rate or mean score."
+    out, worse = [], valid.get('random')
+    figures = (('all-met rate', lambda s: s['panels']['B_rubric'].get('all_met_of_judged')),
+               ('mean score', lambda s: s['panels']['C_quality'].get('mean_score')))
+    for better in ('expert', 'oracle'):
+        if worse is None or better not in valid: continue
+        for what, get in figures:
+            lo, hi = get(worse), get(valid[better])
+            if lo is not None and hi is not None and lo > hi:
+                out.append(f'the judge ranks random above {better} by {what} ({lo:.3g} > {hi:.3g})')
+    return out
+
+# %% ../nbs/08_judge.ipynb #8c2a4614
+WRONG_PASSES = (  # (table of panel B, judge, reward, what the episodes it should fail are)
+    ('all_met_vs_purchase', 'all_met', 'purchase', 'all requirements met on', 'that are no purchase success'),
+    ('all_met_vs_gold', 'all_met', 'gold', 'all requirements met on', 'that are not gold'),
+    ('hard_met_vs_gates', 'hard_met', 'gates_passed', 'all hard requirements met on', 'that did not pass the gates'))
+
+def calibration_flags(summaries:dict[str, dict], max_wrong_pass:float=MAX_WRONG_PASS) -> list[str]:
+    "Why a judge should not be trusted, from its summaries (`judge_summary`) by model name; [] when nothing shows."
+    valid = {n: s for n, s in summaries.items() if s and s.get('valid_judgments')}
+    out = _ranking_flags(valid)
+    for n, s in valid.items():
+        b = s['panels']['B_rubric']
+        for table, judge, reward, said, which in WRONG_PASSES:
+            if (t := b.get(table)) is None or (table == 'all_met_vs_gold' and 'all_met_vs_purchase' in b): continue
+            passed, failed = t[f'{judge}&not_{reward}'], t[f'not_{judge}&not_{reward}']
+            if passed and passed / (passed + failed) > max_wrong_pass:
+                out.append(f'{n}: the judge finds {said} {passed} of {passed + failed} episodes {which} '
+                           f'({passed / (passed + failed):.0%} > {max_wrong_pass:.0%})')
+    return out
+
+# %% ../nbs/08_judge.ipynb #cf4f5bba
+def _trajectories(model_dir:Path) -> dict:
+    "A model folder's trajectories by task id (plain or gzipped)."
+    p = model_dir/'trajectories.jsonl'
+    return read_records(p if p.exists() else model_dir/'trajectories.jsonl.gz')
+
+def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=None, models:list[str]|None=None,
+                  max_tokens:int=4500) -> dict:
+    "How far one judge run can be trusted: the judge per model and pooled, the curator, and the prompts."
+    eval_dir = Path(eval_dir)
+    rubrics = rubrics or read_rubrics(eval_dir/'rubrics.jsonl', tasks)
+    per, pooled_js, pooled_recs, prompts, judges = {}, {}, {}, [], Counter()
+    dirs = [eval_dir/m for m in models] if models else \
+        sorted({p.parent for p in eval_dir.glob('*/trajectories.jsonl*')})
+    for d in dirs:
+        recs = _trajectories(d)
+        js = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens).items() if j['status'] == 'judged'}
+        per[d.name] = judge_agreement(js, recs, rubrics)
+        pooled_js |= {(d.name, k): j for k, j in js.items()}
+        pooled_recs |= {(d.name, k): recs[k] for k in js}
+        prompts += [judge_messages(recs[k], rubrics[k], max_tokens) for k in js]
+        judges.update((j.get('judge') or {}).get('model', 'unknown') for j in js.values())
+    return dict(judges=dict(judges), rubrics_sha256=rubric_set_sha256(rubrics), models=per,
+                pooled=judge_agreement(pooled_js, pooled_recs, rubrics), curator=curator_agreement(rubrics, tasks),
+                forbidden=forbidden_in_prompts(prompts, list(pooled_recs.values()), tasks))
+
+# %% ../nbs/08_judge.ipynb #783c84fb
+def write_agreement(out_dir, agreement:dict, judge:str|None=None) -> Path:
+    "Write `agreement` to `out_dir/agreement_<judge>.json` (the judge that judged most, by default); its path."
+    judges = agreement.get('judges') or {}
+    judge = judge or (max(judges, key=judges.get) if judges else 'unknown')
+    path = Path(out_dir)/f"agreement_{re.sub(r'[^A-Za-z0-9_.-]+', '_', judge)}.json"
+    write_atomic(path, json.dumps(dict(judge=judge, **agreement, versions=package_versions(JUDGE_PACKAGES)),
+                                  indent=1, ensure_ascii=False))
+    return path
 
 # %% ../nbs/08_judge.ipynb #12a41110
 def model_dirs(eval_dir, models:list[str]|None=None) -> list[Path]:

@@ -16,14 +16,14 @@ __all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_F
            'OUTCOME_COLORS', 'PAIR_METRICS', 'CSS', 'HEADLINE', 'MODEL_LINKS', 'PAIR_COLS', 'TASK_COLS', 'VIEWER_CSS',
            'VIEWER_JS', 'REPORT_PACKAGES', 'read_json', 'jsonl_records', 'either', 'ModelResult', 'by_task',
            'read_model', 'model_order', 'RunResults', 'read_stage', 'missing_sentences', 'read_run', 'model_figures',
-           'panel_values', 'panel_rows', 'panel_note', 'outcome_rows', 'strata_rows', 'stratum_order', 'step_rows',
-           'tool_rows', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows', 'speed_figures',
-           'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg', 'outcome_chart',
-           'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart', 'curves_chart',
-           'time_split_chart', 'esc', 'fmt', 'table', 'page', 'Report', 'note', 'headline_rows', 'benchmark_line',
-           'task_rows', 'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text', 'reply_pages',
-           'episode_turns', 'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data', 'script_json',
-           'availability', 'collect_section', 'build_report']
+           'panel_values', 'panel_rows', 'panel_note', 'judge_flags', 'outcome_rows', 'strata_rows', 'stratum_order',
+           'step_rows', 'tool_rows', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows',
+           'speed_figures', 'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg',
+           'outcome_chart', 'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart',
+           'curves_chart', 'time_split_chart', 'esc', 'fmt', 'table', 'page', 'Report', 'note', 'flag', 'headline_rows',
+           'benchmark_line', 'task_rows', 'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text',
+           'reply_pages', 'episode_turns', 'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data',
+           'script_json', 'availability', 'collect_section', 'build_report']
 
 # %% ../nbs/09_report.ipynb #dc46c2e6
 def read_json(path, notes:list|None=None) -> dict|list|None:
@@ -174,7 +174,7 @@ def model_figures(s:dict) -> dict:
 PANELS = {  # panel: (source, metrics)
     'A. Outcome and reward': ('figures', ('strict_success', 'purchase_success', 'done_rate', 'mean_reward')),
     'B. Rubric (judge)': ('B_rubric', ('all_hard_met_rate', 'all_met_rate', 'all_met_of_judged', 'all_met_vs_gold',
-                                       'hard_met_vs_gates')),
+                                       'all_met_vs_purchase', 'hard_met_vs_gates')),
     'C. Trajectory quality (judge, 0-2)': ('C_quality', ('search_strategy', 'candidate_use', 'evidence_verification',
                                                          'decision_quality', 'termination_efficiency', 'mean_score')),
     'D. Behaviour and infrastructure': ('figures', ('mean_steps', 'calls_per_episode', 'guard_rejections_per_episode',
@@ -207,6 +207,12 @@ def panel_note(models:dict, panel:str) -> str|None:
         return f"{n}: {j['valid_judgments']} of {j['n_tasks']} tasks validly judged ({reasons})"
     why = [unjudged(n, m.judge) for n, m in models.items() if m.judge and not m.judge.get('valid_judgments')]
     return '; '.join(why) or None
+
+# %% ../nbs/09_report.ipynb #8e6debb5
+def judge_flags(models:dict) -> list[str]:
+    "Why the run's judge should not be trusted: `calibration_flags` of 08_judge over the models' judge summaries."
+    from shopping_grpo.judge import calibration_flags
+    return calibration_flags({n: m.judge for n, m in models.items() if m.judge})
 
 # %% ../nbs/09_report.ipynb #209cfa4b
 def outcome_rows(models:dict) -> list[dict]:
@@ -510,6 +516,8 @@ figure{margin:.5em 0;display:inline-block;vertical-align:top}figcaption{color:#5
 .panels{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}\
 .panel{background:#fff;border:1px solid #ddd;border-radius:4px;padding:8px}.panel .note{max-width:240px}
 .note{color:#8a5300;background:#fff8e1;border-left:3px solid #ffb300;padding:4px 8px;margin:.4em 0}.muted{color:#777}
+.flag{color:#b71c1c;background:#ffebee;border-left:3px solid #c62828;padding:4px 8px;margin:.4em 0;font-weight:bold}\
+.panel .flag{max-width:240px}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 """
 
@@ -540,6 +548,10 @@ def note(text:str) -> str:
     "A highlighted sentence: what is missing or why."
     return f'<p class="note">{esc(text)}</p>'
 
+def flag(text:str) -> str:
+    "A sentence in red: a reason not to trust what is shown."
+    return f'<p class="flag">{esc(text)}</p>'
+
 # %% ../nbs/09_report.ipynb #28ff49a2
 HEADLINE = ('n_tasks', 'n_episodes', 'strict_success', 'purchase_success', 'done_rate', 'mean_reward', 'mean_steps',
             'guard_rejections_per_episode', 'malformed_per_episode', 'missing', 'not_judged')
@@ -552,13 +564,14 @@ def headline_rows(models:dict) -> list[dict]:
 
 @patch
 def panels(self:Report, models:dict, tag:str) -> str:
-    "The four panels of `models`, side by side; an empty one says why."
-    cells = []
+    "The four panels of `models`, side by side; an empty one says why, and the judge's carry its flags."
+    cells, flags = [], judge_flags(self.run.models)
     for i, panel in enumerate(PANELS):
         rows, why = panel_rows(models, panel), panel_note(models, panel)
         body = self.figure(f'{tag}-panel-{"abcd"[i]}', lambda r: metric_bars(r, self.names), rows, '',
                            why or 'Nothing recorded.', tag == 'all')
-        cells.append(f'<div class="panel"><h3>{esc(panel)}</h3>{body}{note(why) if rows and why else ""}</div>')
+        warn = '' if PANELS[panel][0] == 'figures' else ''.join(flag(f'Judge flagged: {f}') for f in flags)
+        cells.append(f'<div class="panel"><h3>{esc(panel)}</h3>{warn}{body}{note(why) if rows and why else ""}</div>')
     return f'<div class="panels">{"".join(cells)}</div>'
 
 # %% ../nbs/09_report.ipynb #bc171d6f

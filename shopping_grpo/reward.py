@@ -9,8 +9,9 @@ from .env import Catalog, EpisodeLog
 from .tasks import Task, TaskFacts, satisfies
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'REWARDS', 'INFRA_REASONS', 'partial_reward', 'RewardDetail', 'check_gates', 'resolved_options',
-           'soft_match', 'evidence_of', 'score_purchase', 'score_stop', 'score_episode']
+__all__ = ['WEIGHTS', 'REWARDS', 'INFRA_REASONS', 'TRAINING_REWARDS', 'NON_GOLD_PURCHASES', 'partial_reward', 'RewardDetail',
+           'check_gates', 'resolved_options', 'soft_match', 'evidence_of', 'score_purchase', 'score_stop',
+           'score_episode', 'known_reward', 'training_reward']
 
 # %% ../nbs/02_reward.ipynb #87ae315e
 WEIGHTS = dict(brand=0.35, model=0.25, functions=0.25, options=0.15)
@@ -118,3 +119,20 @@ def score_episode(task:Task, log:EpisodeLog, catalog:Catalog) -> RewardDetail:
     if t == 'purchase': return score_purchase(task.facts, log, catalog)
     if t == 'finish': return score_stop(task.facts, log, catalog)
     raise ValueError(f"unknown termination reason {t!r}")
+
+# %% ../nbs/02_reward.ipynb #53ad31cc
+TRAINING_REWARDS = ('v3', 'v3_strict')                             # the rewards GRPO can train on (GRPORecipe.reward)
+NON_GOLD_PURCHASES = ('alternative', 'partial', 'wrong_purchase')  # purchases the gates could judge, other than gold
+
+def known_reward(kind:str) -> str:
+    "`kind` when GRPO can train on it; else a clear error naming the known ones."
+    if kind not in TRAINING_REWARDS:
+        raise ValueError(f"unknown reward {kind!r}; known: {', '.join(TRAINING_REWARDS)}")
+    return kind
+
+def training_reward(x, kind:str='v3') -> float:
+    "The reward GRPO trains on for `x` (a `RewardDetail`, its dict, or a record that holds one) under `kind`."
+    d = x.as_dict() if isinstance(x, RewardDetail) else x.get('reward_detail') or x
+    if known_reward(kind) == 'v3_strict' and d.get('outcome') in NON_GOLD_PURCHASES:
+        return min(d['reward'], REWARDS['graceful_stop'])
+    return d['reward']

@@ -22,7 +22,7 @@ class ShoppingAgentLoop(AgentLoopBase):
         self.rollout = shopping_rollout(settings, self.tokenizer, turns, self.rollout_config.response_length)
 
     async def run(self, sampling_params:dict, **kwargs) -> AgentLoopOutput:
-        "Play the row's task to its end; Reward v3 is the episode's score."
+        "Play the row's task to its end; its training reward (LoopSettings.reward) is the score."
         rid = uuid4().hex
         stop = sorted(set(sampling_params.get('stop_token_ids') or []) | {self.rollout.renderer.end_id})
         async def generate(ids, max_tokens):

@@ -14,6 +14,7 @@ from .records import write_atomic, sha256_file, append_record
 from .shop import Shop, prepare_shop
 from .episode import Episode, TokenEpisode, ChatRenderer, load_chat_template
 from .step_credit import turn_scores
+from .reward import known_reward, training_reward
 from .grpo import GRPORecipe, grpo_recipe
 
 # %% auto #0
@@ -62,12 +63,13 @@ def write_verl_dataset(shop:Shop, out_dir, lang:str='en', renderer:ChatRenderer|
 class ShoppingRollout:
     "Plays shop tasks as token episodes against an async token generator; veRL's agent loop is a thin shell around it."
     def __init__(self, shop:Shop, renderer:ChatRenderer, lang:str='en', max_turns:int=35, max_new_tokens:int=256,
-                 response_length:int=6912, max_context:int=8192, record_dir=None):
+                 response_length:int=6912, max_context:int=8192, record_dir=None, reward:str='v3'):
         if response_length <= max_new_tokens:
             raise ValueError(f"response_length {response_length} must exceed max_new_tokens {max_new_tokens}")
         self.shop, self.renderer, self.lang = shop, renderer, lang
         self.max_turns, self.max_new_tokens = max_turns, max_new_tokens
         self.response_length, self.max_context, self.record_dir = response_length, max_context, record_dir
+        self.reward = known_reward(reward)  # the training reward of the score (GRPORecipe.reward, 02_reward)
 
     def open(self, task_id:str, raw_prompt=None) -> TokenEpisode:
         "A fresh token episode of `task_id` whose response stays within `response_length` tokens."
@@ -98,20 +100,21 @@ async def play(self:ShoppingRollout, task_id:str, generate, raw_prompt=None) -> 
 # %% ../nbs/06a_verl.ipynb #6f77abf6
 @patch
 def output(self:ShoppingRollout, te:TokenEpisode, seconds:dict, with_logprobs:bool=True) -> dict:
-    "A finished episode as veRL's agent-loop fields, Reward v3 as its score."
+    "A finished episode as veRL's agent-loop fields, its training reward as the score."
     ep, d = te.ep, te.ep.env.reward
     # the context cap makes this impossible; refuse rather than let veRL cut the reward off
     if len(te.response_ids) > self.response_length:
         raise RuntimeError(f"task {ep.task.task_id}: {len(te.response_ids)} response tokens exceed "
                            f"response_length {self.response_length}")
     if self.record_dir: self.keep(te, seconds)
-    info = dict(strict_success=float(d.strict_success), purchase_success=float(d.purchase_success),
-                reward_valid=float(d.reward_valid),
+    info = dict(reward_v3=float(d.reward), strict_success=float(d.strict_success),
+                purchase_success=float(d.purchase_success), reward_valid=float(d.reward_valid),
                 n_steps=float(ep.env.log.steps), guard_rejections=float(ep.flags.get('guard_rejection', 0)))
     scores = turn_scores(ep)
     info['refused_turns'] = float(sum(x < 0 for x in scores))
     return dict(prompt_ids=te.prompt_ids, response_ids=te.response_ids, response_mask=te.response_mask,
-                response_logprobs=te.logprobs if with_logprobs else None, reward_score=float(d.reward),
+                response_logprobs=te.logprobs if with_logprobs else None,
+                reward_score=float(training_reward(d, self.reward)),
                 num_turns=len(ep.messages) - 1,
                 seconds=seconds, extra_fields=dict(task_id=ep.task.task_id, termination_reason=d.termination_reason,
                                                    reward_extra_info=info, turn_scores=scores))
@@ -140,6 +143,7 @@ class LoopSettings:
     max_new_tokens: int = 256     # tokens per assistant turn
     max_context: int = 8192       # the model's context in tokens
     record_dir: str|None = None   # folder for each process's rollouts-<pid>.jsonl; None keeps none
+    reward: str = 'v3'            # the training reward the loop scores with (GRPORecipe.reward, 02_reward)
 
     @classmethod
     def pick(cls, kwargs:dict) -> LoopSettings:
@@ -175,7 +179,7 @@ def shopping_rollout(s:LoopSettings, tokenizer, max_turns:int=35, response_lengt
     if key not in _ROLLOUTS:
         template = load_chat_template() if s.chat_template == 'project' else s.chat_template
         _ROLLOUTS[key] = ShoppingRollout(load_run_shop(s), ChatRenderer(tokenizer, template, s.lang), s.lang, max_turns,
-                                         s.max_new_tokens, response_length, s.max_context, s.record_dir)
+                                         s.max_new_tokens, response_length, s.max_context, s.record_dir, s.reward)
     return _ROLLOUTS[key]
 
 # %% ../nbs/06a_verl.ipynb #9f27ee44
@@ -308,7 +312,7 @@ def verl_prepare(recipe:GRPORecipe, launch:VerlLaunch, run_dir, extra=()) -> dic
         raise ValueError(f"the longest prompt has {longest} tokens, "
                          f"more than max_prompt_length={L.max_prompt_length}: raise it")
     settings = LoopSettings(str(run_dir), L.n_products, L.catalog_seed, L.task_seed, L.lang, None, c.max_new_tokens,
-                            c.max_context, str(v/'rollouts') if L.record_rollouts else None)
+                            c.max_context, str(v/'rollouts') if L.record_rollouts else None, c.reward)
     write_agent_loop_config(settings, v/'agent_loop.yaml')
     rec = dict(recipe=asdict(c), launch=asdict(L), model_path=model_path, data=data, agent_loop=asdict(settings),
                command=verl_command(c, L, run_dir, model_path, extra),

@@ -279,3 +279,57 @@ def test_credit_variants_come_from_the_registry():
     assert p.returncode == 0, p.stderr
     first, last = p.stdout.strip().splitlines()
     assert "unknown credit 'spa'; known: episode" in first and 'import it before starting the run' in first and last == 'spa'
+
+
+def test_v3_strict_ranks_gold_over_a_stop_over_other_purchases(shop, all_tasks, oracle_records):
+    """On real scored episodes (the oracle, heuristic and random shoppers on every task, and the reference SFT and GRPO
+    models' benchmark episodes), v3_strict ranks gold > a graceful stop >= any other purchase and keeps every other end."""
+    from collections import defaultdict
+    from shopping_grpo.episode import run_message_episode
+    from shopping_grpo.policies import ShopperPolicy
+    from shopping_grpo.shoppers import HeuristicShopper, RandomShopper
+    from shopping_grpo.reward import training_reward, REWARDS, NON_GOLD_PURCHASES
+    recs = list(oracle_records.values()) + [run_message_episode(shop, t, ShopperPolicy(p))
+                                            for p in (HeuristicShopper(), RandomShopper(0)) for t in all_tasks]
+    ref = Path(__file__).resolve().parent.parent/'outputs'/'reference'/'eval'
+    checks = [json.loads(l) for m in ('sft', 'grpo') for l in (ref/m/'checks.jsonl').read_text().splitlines()]
+    by = defaultdict(list)  # outcome -> [(v3, v3_strict)]
+    for e in recs + checks:
+        by[e['reward_detail']['outcome'] if 'reward_detail' in e else e['outcome']].append(
+            (e['reward'], training_reward(e, 'v3_strict')))
+    assert {'gold', 'alternative', 'partial', 'wrong_purchase', 'graceful_stop', 'repeat_loop'} <= set(by)
+    stop, bought = REWARDS['graceful_stop'], [x for o in NON_GOLD_PURCHASES for x in by[o]]
+    assert min(s for _, s in by['gold']) > max(s for _, s in by['graceful_stop']) == stop >= max(s for _, s in bought)
+    assert all(s == min(v, stop) for v, s in bought)
+    assert any(v > stop for v, _ in bought)  # the cap binds on real episodes
+    assert all(s == v for o, xs in by.items() if o not in NON_GOLD_PURCHASES for v, s in xs)
+
+
+def test_the_recipe_reward_reaches_trl(shop, tiny, renderer, tmp_path, monkeypatch):
+    """train_grpo hands TRL the reward function of the recipe's `reward`. On the heuristic shopper's episodes (opening
+    only its top result) v3 passes the shop's reward on and v3_strict caps the purchases that are not gold, while
+    shop_reward keeps Reward v3."""
+    import shopping_grpo.grpo as grpo
+    from shopping_grpo.episode import run_lockstep
+    from shopping_grpo.policies import ShopperPolicy
+    from shopping_grpo.shoppers import HeuristicShopper
+    from shopping_grpo.reward import training_reward
+    class Built(Exception): "The stand-in trainer has its arguments."
+    seen = {}
+    def trainer(**kw): seen['reward_funcs'] = kw['reward_funcs']; raise Built
+    monkeypatch.setattr(grpo, 'shop_grpo_trainer', lambda: trainer)
+    funcs = {}
+    for kind in ('v3', 'v3_strict'):
+        with pytest.raises(Built):
+            train_grpo(tiny, shop, tmp_path/kind, grpo_recipe('smoke', **{**SHORT, 'reward': kind}))
+        (funcs[kind],) = seen.pop('reward_funcs')
+    assert [f.__name__ for f in funcs.values()] == ['reward_v3', 'reward_v3_strict']
+    c, tasks = GRPORecipe(), shop.tasks['grpo_train'][:12]
+    script = ScriptedTokens(shop, renderer, tasks, [ShopperPolicy(HeuristicShopper(n_open=1))], 'en', c)
+    recs = list(run_lockstep(shop, tasks, script, renderer, 'top1', max_turns=c.max_turns, max_context=c.max_context,
+                             max_new_tokens=c.max_new_tokens))
+    out = grpo.rollout_output(recs, renderer.end_id)
+    v3, strict = (funcs[k](out['completion_ids'], out['shop_reward'], out['episode']) for k in funcs)
+    assert v3 == out['shop_reward'] == [r['reward'] if episode_valid(r) else None for r in recs]
+    assert strict == [training_reward(r, 'v3_strict') if episode_valid(r) else None for r in recs] != v3
+    with pytest.raises(ValueError, match="unknown reward 'v4'; known: v3, v3_strict"): grpo_recipe('smoke', reward='v4')

@@ -16,7 +16,9 @@ from shopping_grpo.shoppers import HeuristicShopper, OracleShopper
 from shopping_grpo.model import free_port
 from shopping_grpo.tasks import Task, TaskFacts
 from shopping_grpo.judge import (Endpoint, Unavailable, code_rubric, candidates, freeze_rubrics, read_rubrics, judge_messages,
-                                 judge_model, judge_summary, plant_sentinels, check_judgment, event_ids, FORBIDDEN, run_judges)
+                                 judge_model, judge_summary, plant_sentinels, check_judgment, event_ids, FORBIDDEN, run_judges,
+                                 truth_judgment, judge_agreement, forbidden_in_prompts, curator_agreement, run_agreement,
+                                 write_agreement, calibration_flags)
 
 N_TASKS = 4
 
@@ -117,6 +119,39 @@ def test_no_forbidden_field_reaches_the_prompt(run):
             assert 'SENTINEL' not in prompt and '31337' not in prompt
             assert judge_messages(plant_sentinels(rec), rubrics[t.task_id]) == judge_messages({k: v for k, v in rec.items() if k not in FORBIDDEN}, rubrics[t.task_id])
             assert t.facts.target_asin not in json.dumps([r.__dict__ for r in rubrics[t.task_id].requirements])
+
+
+# ---- how far the judge can be trusted ------------------------------------------------------------------------
+
+def test_truth_judge_agrees_and_real_prompts_are_clean(run):
+    "A judge answering the truth agrees with it on every known verdict, cites decisive events; the prompts hold nothing forbidden."
+    d, tasks, rubrics = run
+    for m in ('oracle', 'heuristic'):
+        recs = read_records(d/m/'trajectories.jsonl')
+        js = {k: truth_judgment(r, rubrics[k]) for k, r in recs.items()}
+        for k, j in js.items(): check_judgment(json.dumps(j), rubrics[k], event_ids(recs[k]))
+        ag = judge_agreement(js, recs, rubrics)
+        assert ag['judged'] == N_TASKS and ag['overall']['accuracy'] == 1.0 and ag['overall']['kappa'] in (1.0, None)
+        assert ag['citations']['valid_share'] == 1.0 and ag['all_met_vs_purchase']['agreement'] == 1.0
+        prompts = [judge_messages(r, rubrics[r['task_id']]) for r in recs.values()]
+        assert forbidden_in_prompts(prompts, list(recs.values()), tasks)['total'] == 0
+    assert curator_agreement(rubrics, tasks)['overall']['missing'] == 0
+
+
+def test_a_judge_that_passes_everything_is_measured_and_flagged(fake, run):
+    "The fake judge finds every requirement met: right on the oracle's gold purchases, wrong on what the heuristic failed."
+    f, url = fake; d, tasks, rubrics = run; ep = endpoint(url, 'valid')
+    for m in ('oracle', 'heuristic'): judge_model(d/m, tasks, rubrics, ep, progress=False)
+    ag = run_agreement(d, tasks, rubrics)
+    path = write_agreement(d/'judge', ag)
+    assert path.name == 'agreement_valid.json' and json.loads(path.read_text())['judges'] == {'valid': 2*N_TASKS}
+    assert ag['models']['oracle']['overall']['accuracy'] == 1.0 and ag['forbidden']['total'] == 0
+    h = ag['models']['heuristic']['overall']
+    assert h['n'] - h['agree'] == h['confusion']['met']['unmet']  # every disagreement: met where the truth is unmet
+    recs = read_records(d/'heuristic'/'trajectories.jsonl')
+    failed = sum(not r['purchase_success'] for r in recs.values())
+    flags = calibration_flags({m: judge_summary(d/m, tasks, rubrics, ep) for m in ('oracle', 'heuristic')})
+    assert any(x.startswith('heuristic: the judge finds all requirements met') for x in flags) == (failed > 0)
 
 
 # ---- answers ------------------------------------------------------------------------------------------------

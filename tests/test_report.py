@@ -96,9 +96,27 @@ def test_judge_panels_and_absent_stages(report, browser):
     assert [p.locator('h3').inner_text()[:2] for p in panels] == ['A.', 'B.', 'C.', 'D.']
     assert all(p.locator('svg.marks').count() == 1 for p in panels)  # B and C from the heuristic's judge summary
     assert 'oracle: 0 of 6 tasks validly judged' in panels[1].inner_text()  # the others say why they have none
+    assert page.locator('.flag').count() == 0  # one judged episode: nothing to flag the judge for
     assert 'No SFT or GRPO logs in this run.' in page.inner_text('main')
     index = open_page(browser, out/'index.html', errors).inner_text('main')
     assert '06_grpo: no GRPO per-step metrics (grpo/metrics.jsonl)' in index
+    assert not errors, errors
+
+
+def test_a_flagged_judge_is_shown_in_its_panels(report, browser, tmp_path):
+    "A judge that ranks the random shopper above the oracle is flagged, in red, in panels B and C (and not in A or D)."
+    run = report[0].parent; shutil.copytree(run/'eval', tmp_path/'eval'); errors = []
+    judged = json.loads((run/'eval'/'heuristic'/'judge_summary.json').read_text())
+    for m, all_met in (('oracle', 0.0), ('random', 1.0)):
+        s = json.loads(json.dumps(judged)); s['model'] = m; s['panels']['B_rubric']['all_met_of_judged'] = all_met
+        (tmp_path/'eval'/m/'judge_summary.json').write_text(json.dumps(s))
+    from shopping_grpo.report import build_report
+    build_report(tmp_path, images=False)
+    page = open_page(browser, tmp_path/'report'/'compare.html', errors)
+    panels = page.locator('.panel').all()
+    flags = [p.locator('.flag').all_inner_texts() for p in panels]
+    assert [len(f) for f in flags] == [0, 1, 1, 0] and 'ranks random above oracle by all-met rate' in flags[1][0]
+    assert panels[1].locator('.flag').is_visible() and panels[1].locator('.flag').evaluate('e => getComputedStyle(e).color') == 'rgb(183, 28, 28)'
     assert not errors, errors
 
 

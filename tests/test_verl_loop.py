@@ -1,21 +1,23 @@
-"""The shop's veRL agent loop (06a_verl, 06b_verl_agent), tested the way veRL tests its own loops: the loop built from our
-agent-loop YAML as a veRL worker builds it, the real SmolLM2 tokenizer and chat template, veRL's dataset class reading our
-parquet, and a fake server manager that answers with the expert's turns. The output's ids, masks, log-probabilities, reward
-and turn count are compared with the project's runner. Our GRPO overrides are composed with veRL's own configuration and
-validated by veRL. Needs veRL: `make test-verl` runs this file in .venv-verl; elsewhere it is skipped."""
+"""The shop's veRL agent loop (06a_verl, 06b_verl_agent), tested the way veRL tests its own loops: the loop built from
+our agent-loop YAML as a veRL worker builds it, the real SmolLM2 tokenizer and chat template, veRL's dataset class
+reading our parquet, and a fake server manager that answers with the expert's turns. The output's ids, masks,
+log-probabilities, reward and turn count are compared with the project's runner. Our GRPO overrides are composed with
+veRL's own configuration and validated by veRL. The recipe's training reward reaches the loop through the YAML
+verl_prepare writes. Needs veRL: `make test` (or `make test-verl` alone) runs this file in .venv-verl; elsewhere it
+is skipped."""
 from __future__ import annotations
 import asyncio, json, sys, types
 import pytest
 
 pytest.importorskip('verl.experimental.agent_loop.agent_loop',
-                    reason='veRL is not importable in this interpreter; `make test-verl` runs these tests in .venv-verl')
+                    reason='veRL is not importable in this interpreter; `make test` runs these tests in .venv-verl')
 
 from omegaconf import OmegaConf
 from shopping_grpo.episode import ChatRenderer, Episode, load_chat_template, scripted_run
 from shopping_grpo.model import materialize_model
 from shopping_grpo.grpo import GRPORecipe
 from shopping_grpo.verl_loop import (AGENT_NAME, VerlLaunch, LoopSettings, grpo_overrides, write_agent_loop_config,
-                                     write_verl_dataset)
+                                     write_verl_dataset, verl_prepare)
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG
 
 
@@ -115,8 +117,11 @@ def test_dataset_rows_in_verl(verl_dir, shop, tok, tmp_path):
 def test_expert_episodes_through_fake_server(verl_dir, shop, tok, renderer, tmp_path):
     "The expert's turns, sent through veRL's generate path, give the runner's ids and masks, Reward v3 and veRL's turn count."
     config = compose(verl_dir, GRPORecipe())
-    rows = dataset_rows(config, tok, tmp_path)[:3]
+    rows = dataset_rows(config, tok, tmp_path)[:8]
     solos = [scripted_run(shop, shop.by_id[r['extra_info']['task_id']], renderer, LANG) for r in rows]
+    # an expert episode longer than veRL's response budget ends there as a context overflow (06a_verl): three that fit
+    budget = config.actor_rollout_ref.rollout.response_length
+    rows, solos = map(list, zip(*[(r, s) for r, s in zip(rows, solos) if len(s.response_ids) < budget][:3]))
     server = ScriptedServer(solos)
     async def play():
         loop = await build_loop(config, server, tok)
@@ -133,6 +138,7 @@ def test_expert_episodes_through_fake_server(verl_dir, shop, tok, renderer, tmp_
         assert out.reward_score == solo.ep.env.reward.reward == 1.0
         assert out.num_turns == len(solo.ep.messages) - 1 == 2 * len(gen)
         assert out.extra_fields['reward_extra_info']['strict_success'] == 1.0 and out.metrics.tool_calls > 0
+        assert out.extra_fields['reward_extra_info']['reward_v3'] == 1.0  # the default training reward is Reward v3
         d = out.as_dict()  # veRL's own conversion: the reward sits on the last response token
         assert d['rm_scores'][-1].item() == 1.0 and d['rm_scores'][:-1].abs().sum().item() == 0 and d['responses'].tolist() == solo.response_ids
     # token in, token out: each request carried exactly the ids so far, with our budget and stop token added to veRL's sampling
@@ -172,3 +178,37 @@ def test_stale_dataset_is_refused(verl_dir, tok, tmp_path):
     kw['raw_prompt'] = [dict(m) for m in kw['raw_prompt']]; kw['raw_prompt'][1]['content'] = 'a different request'
     async def play(): return await (await build_loop(config, ScriptedServer([]), tok)).run(sampling(config), **kw)
     with pytest.raises(ValueError, match="is not this shop's opening"): asyncio.run(play())
+
+
+def test_recipe_reward_reaches_the_loop(shop_dir, shop, tok, tmp_path):
+    """GRPORecipe(reward='v3_strict') through verl_prepare: the loop veRL builds from the YAML it writes scores a
+    purchase that is not gold (the heuristic shopper opening only its top result) as a graceful stop, with Reward v3
+    beside it in reward_extra_info and in the kept trajectory record."""
+    import shutil, yaml
+    from shopping_grpo.episode import played
+    from shopping_grpo.policies import ShopperPolicy
+    from shopping_grpo.shoppers import HeuristicShopper
+    from shopping_grpo.reward import REWARDS, NON_GOLD_PURCHASES
+    run = tmp_path/'run'
+    shutil.copytree(shop_dir, run)
+    recipe = GRPORecipe(reward='v3_strict')
+    launch = VerlLaunch(n_products=N_PRODUCTS, catalog_seed=SEED, task_seed=TASK_SEED, lang=LANG, n_gpus=1)
+    rec = verl_prepare(recipe, launch, run)
+    written = yaml.safe_load((run/'verl'/'agent_loop.yaml').read_text())[0]
+    assert rec['agent_loop']['reward'] == written['reward'] == 'v3_strict'
+    config = compose(run/'verl', recipe, launch=launch)
+    loop = asyncio.run(build_loop(config, ScriptedServer([]), tok))
+    assert loop.rollout.reward == 'v3_strict'
+    top1 = ShopperPolicy(HeuristicShopper(n_open=1))
+    rows = dataset_rows(config, tok, tmp_path)
+    def top1_run(r): return played(shop, shop.by_id[r['extra_info']['task_id']], top1, loop.rollout.renderer, LANG)
+    row, solo = next((r, s) for r in rows for s in [top1_run(r)] if s.ep.env.reward.outcome in NON_GOLD_PURCHASES
+                     and s.ep.env.reward.reward > REWARDS['graceful_stop'])
+    loop.server_manager = ScriptedServer([solo])
+    kw = {k: v for k, v in row.items() if k not in ('agent_name', 'dummy_tensor')}
+    out = asyncio.run(loop.run(sampling(config), **kw))
+    v3 = solo.ep.env.reward.reward
+    assert out.response_ids == solo.response_ids and out.reward_score == REWARDS['graceful_stop'] < v3
+    assert out.extra_fields['reward_extra_info']['reward_v3'] == v3
+    kept = [json.loads(l) for f in (run/'verl'/'rollouts').glob('rollouts-*.jsonl') for l in f.read_text().splitlines()]
+    assert [(r['task_id'], r['reward']) for r in kept] == [(row['extra_info']['task_id'], v3)]  # records keep Reward v3

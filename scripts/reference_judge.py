@@ -1,0 +1,91 @@
+"""The judged evaluation of the reference models on one GPU: rubrics curated by the embedded judge model (code's
+rubric steps in where its answer fails validation twice), every benchmark trajectory of each reference model and of
+the four reference shoppers judged by the same model through the judges' endpoint seam (`LocalEndpoint`: schema-guided
+greedy decoding in-process), the four panels of each model, and how far the judge and the curator agree with what the
+shop knows for certain (08_judge's `run_agreement`), with calibration flags. Small result files go to --out:
+run_<judge>.json (speed, accounting, flags), agreement_<judge>.json, rubrics.jsonl.gz and, per model,
+<model>/judge_summary.json and <model>/judgments.jsonl.gz.
+
+    python scripts/reference_judge.py --judge qwen2.5-0.5b --run outputs/judge-run --out outputs/reference/judge
+A CPU check of the wiring (a small random model as the judge, 4 tasks, 2 models):
+    python scripts/reference_judge.py --judge outputs/tiny --n-tasks 4 --rows 4 --models qwen-sft=outputs/reference/qwen/template/eval/sft --shoppers expert --device cpu
+"""
+from __future__ import annotations
+import argparse, gzip, json, shutil, time
+from pathlib import Path
+
+MODELS = ('qwen-base=outputs/reference/qwen/template/eval/base,qwen-sft=outputs/reference/qwen/template/eval/sft,'
+          'smollm2-sft=outputs/reference/eval/sft,smollm2-grpo=outputs/reference/eval/grpo')
+
+
+def log(msg): print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--judge', default='qwen2.5-0.5b', help='embedded model name or checkpoint folder of the judge')
+    ap.add_argument('--models', default=MODELS, help='NAME=FOLDER,...: folders holding trajectories.jsonl.gz')
+    ap.add_argument('--shoppers', default='oracle,expert,heuristic,random', help="reference shoppers played here ('' none)")
+    ap.add_argument('--curator', action=argparse.BooleanOptionalAction, default=True,
+                    help='curate the rubrics with the judge model (else code rubrics)')
+    ap.add_argument('--n-tasks', type=int, default=200)
+    ap.add_argument('--rows', type=int, default=128, help='requests decoded together (decoder rows, judge threads)')
+    ap.add_argument('--device', default=None)
+    ap.add_argument('--run', default='outputs/judge-run')
+    ap.add_argument('--out', default='outputs/reference/judge')
+    ap.add_argument('--n-products', type=int, default=20_000)
+    a = ap.parse_args()
+    from shopping_grpo.shop import prepare_shop
+    from shopping_grpo.evaluate import evaluate, scripted_policy
+    from shopping_grpo.judge import run_judges, run_agreement, write_agreement, calibration_flags, read_rubrics
+    from shopping_grpo.judge import JUDGE_PACKAGES
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    from shopping_grpo.records import write_atomic, package_versions
+    run, out = Path(a.run), Path(a.out)
+    shop = prepare_shop(run/'shop', a.n_products, 0, 1, 'en', progress=False)
+    tasks = shop.tasks['eval'][:a.n_tasks]
+    ev = run/'eval'
+    names = []
+    for spec in filter(None, a.models.split(',')):
+        name, src = spec.split('=')
+        (ev/name).mkdir(parents=True, exist_ok=True)
+        dst = ev/name/'trajectories.jsonl'
+        if not dst.exists():
+            with gzip.open(Path(src)/'trajectories.jsonl.gz', 'rt', encoding='utf-8') as f: dst.write_text(f.read())
+        if (Path(src)/'summary.json').exists(): shutil.copy(Path(src)/'summary.json', ev/name/'summary.json')
+        names.append(name)
+    for s in filter(None, a.shoppers.split(',')):
+        evaluate(shop, tasks, scripted_policy(s, shop), ev/s, progress=False)
+        names.append(s)
+    log(f"judging {len(names)} models x {len(tasks)} tasks with {a.judge}")
+    ep = LocalEndpoint(a.judge, rows=a.rows, device=a.device, name=Path(a.judge).name)
+    t0 = time.time()
+    summaries = run_judges(ev, tasks, names, curator=ep if a.curator else None, judge=ep, workers=a.rows,
+                           progress=False)
+    seconds = time.time() - t0
+    eng = ep.engine
+    ep.close()
+    log(f"judged in {seconds:.0f} s")
+    agreement = run_agreement(ev, tasks, models=names)
+    out.mkdir(parents=True, exist_ok=True)
+    path = write_agreement(out, agreement, ep.name)
+    flags = calibration_flags(summaries)
+    tok = eng.prompt_tokens + eng.answer_tokens
+    res = dict(judge=ep.public(), seconds=round(seconds, 1), models=names, n_tasks=len(tasks),
+               requests=dict(prompt_tokens=eng.prompt_tokens, answer_tokens=eng.answer_tokens, passes=eng.calls,
+                             tokens_per_s=round(tok / seconds, 1), answer_tokens_per_s=round(eng.answer_tokens / seconds, 1)),
+               judged={n: dict(valid=s['valid_judgments'], not_judged=s['not_judged'], reasons=s['not_judged_reasons'],
+                               rubric_sources=s['rubric_sources']) for n, s in summaries.items()},
+               flags=flags, agreement_file=path.name, versions=package_versions(JUDGE_PACKAGES + ('torch', 'transformers')))
+    write_atomic(out/f'run_{path.stem[len("agreement_"):]}.json', json.dumps(res, indent=1, ensure_ascii=False))
+    with gzip.open(out/'rubrics.jsonl.gz', 'wt', encoding='utf-8') as f: f.write((ev/'rubrics.jsonl').read_text())
+    for n in names:
+        (out/n).mkdir(exist_ok=True)
+        shutil.copy(ev/n/'judge_summary.json', out/n/'judge_summary.json')
+        with gzip.open(out/n/'judgments.jsonl.gz', 'wt', encoding='utf-8') as f:
+            f.write((ev/n/'judgments.jsonl').read_text())
+    log(json.dumps(dict(seconds=res['seconds'], requests=res['requests'], flags=flags,
+                        overall=agreement.get('pooled', {}).get('overall'))))
+
+
+if __name__ == '__main__': main()
