@@ -63,6 +63,7 @@ def parse():
     ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=32)
     ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu'])
     ap.add_argument('--seed', type=int, default=None, help=f'training seed ({recipe})')
+    ap.add_argument('--reward', default=None, choices=['v3', 'v3_strict'], help=f'training reward ({recipe})')
     ap.add_argument('--credit', default='episode', choices=list(CREDITS), help='step credit: plain GRPO, progress estimates, same-page step groups')
     ap.add_argument('--time-budget-min', type=float, default=0, help='stop training cleanly (with a checkpoint) after this many minutes; 0: no limit')
     return ap.parse_args()
@@ -90,9 +91,9 @@ def bench(metrics:list[dict], summary:dict) -> dict:
                 time_share=time_share(tr), minutes=summary['minutes'])
 
 
-def variant_name(credit:str) -> str:
-    "The run folder and evaluation name of a credit variant: plain GRPO is `grpo`."
-    return 'grpo' if credit == 'episode' else f'grpo_{credit}'
+def variant_name(credit:str, reward:str|None=None) -> str:
+    "The run folder and evaluation name of a variant: plain GRPO on Reward v3 is `grpo`; others add credit and reward."
+    return '_'.join(['grpo'] + ([credit] if credit != 'episode' else []) + ([reward] if reward not in (None, 'v3') else []))
 
 
 def evaluate_checkpoint(shop, name:str, path:str, run:Path, a) -> dict:
@@ -145,11 +146,11 @@ def main():
     t0 = time.time(); shop = prepare_shop(run, a.n_products, 0, 1, 'en', sizes=a.split_sizes, progress=False); log(f'shop ready in {time.time() - t0:.0f}s')
     if a.tasks: shop.tasks['grpo_train'] = shop.tasks['grpo_train'][:a.tasks]
     restore_evals(run, out)
-    variant = variant_name(a.credit); grpo_dir, res = run/variant, out/variant
+    variant = variant_name(a.credit, a.reward); grpo_dir, res = run/variant, out/variant
     cfg = grpo_recipe('gpu', max_steps=a.steps, groups=a.groups, group_size=a.group_size, micro_batch=a.micro_batch, lr=a.lr,
                       val_every=a.val_every, n_val=a.n_val, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, decoder=a.decoder,
                       resample_rounds=a.resample_rounds, extra_groups=a.extra_groups, merged_decode=a.merged_decode,
-                      lockstep_batch=a.lockstep_batch, seed=a.seed, credit=a.credit)
+                      lockstep_batch=a.lockstep_batch, seed=a.seed, credit=a.credit, reward=a.reward)
     a.max_turns, a.max_new_tokens = cfg.max_turns, cfg.max_new_tokens  # the benchmark plays with the recipe's limits
     if 'grpo' in stages:
         log(f'{variant}: {cfg}')
@@ -169,7 +170,8 @@ def main():
         log(f"eval {name}: {s['figures']} generation {s['generation']}")
     if 'compare' in stages:
         (out/'eval'/'compare').mkdir(parents=True, exist_ok=True)
-        for other in ['sft', *[variant_name(c) for c in CREDITS if c != a.credit]]:
+        others = ['sft', *[variant_name(c) for c in CREDITS if variant_name(c) != variant]]  # plain GRPO is one of them
+        for other in others:
             if not (run/'eval'/other/'checks.jsonl').exists(): continue
             try: c = write_comparison(run, variant, other)
             except ValueError as e: log(f'{variant} vs {other}: not comparable ({e})'); continue

@@ -296,15 +296,15 @@ def sample(self:ShopRollout, task_ids:list[str], model, step:int) -> tuple[list[
     n, used = len(tasks), {t.task_id for t in tasks}
     tasks += self.fresh(rng, used, c.extra_groups)
     recs = self.play([t for t in tasks for _ in range(G)], model, timing)
-    first = flat_groups(recs, G)
+    first = flat_groups(recs, G, c.reward)
     recs = [r for g in kept_groups(len(tasks), first, n) for r in recs[g * G:(g + 1) * G]]
-    flat, rounds, played = flat_groups(recs, G), 0, len(tasks) * G
+    flat, rounds, played = flat_groups(recs, G, c.reward), 0, len(tasks) * G
     while flat and rounds < c.resample_rounds and (new_tasks := self.fresh(rng, used, len(flat))):
         rounds += 1
         new = self.play([t for t in new_tasks for _ in range(G)], model, timing)
         played += len(new)
         for k, g in enumerate(flat[:len(new_tasks)]): recs[g * G:(g + 1) * G] = new[k * G:(k + 1) * G]
-        flat = flat_groups(recs, G)
+        flat = flat_groups(recs, G, c.reward)
     return recs, dict(timing, zero_var_share=len(first) / len(tasks), zero_var_share_final=len(flat) / n,
                       resample_rounds=rounds,
                       groups_played=played // G, episodes_played=played)

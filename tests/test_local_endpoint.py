@@ -1,0 +1,52 @@
+"""The embedded model as the judges' endpoint (08a_local_endpoint) under the judging run of 08_judge: many threads at
+once, every answer schema-valid, a prompt that does not fit counted as not judged (the run goes on), and a model
+that cannot load failing the caller at once rather than hanging it. A small random model keeps it cheap."""
+from __future__ import annotations
+import json
+import pytest
+
+from shopping_grpo.judge import code_rubric, judge_model, read_records
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    from shopping_grpo.sft import tiny_model
+    return str(tiny_model(tmp_path_factory.mktemp('tiny'), hidden=64))
+
+
+def folder(tmp_path, records):
+    d = tmp_path/'model'
+    d.mkdir()
+    (d/'trajectories.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    return d
+
+
+def test_every_answer_is_a_valid_judgment(shop, oracle_records, tiny, tmp_path):
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    tasks = shop.tasks['eval'][:6]
+    d = folder(tmp_path, [oracle_records[t.task_id] for t in tasks])
+    ep = LocalEndpoint(tiny, rows=3, max_context=8192, device='cpu', max_free_tokens=6)
+    run = judge_model(d, tasks, {t.task_id: code_rubric(t) for t in tasks}, ep, workers=6, progress=False)
+    ep.close()
+    js = read_records(d/'judgments.jsonl')
+    assert run['recorded'] == {'judged': 6} and set(js) == {t.task_id for t in tasks}
+    assert all(j['judge']['base_url'] == 'local' and j['attempts'] == 1 for j in js.values())
+    assert ep.engine.calls > 0 and ep.engine.prompt_tokens > 6 * 500
+
+
+def test_a_prompt_that_does_not_fit_is_not_judged(shop, oracle_records, tiny, tmp_path):
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    tasks = shop.tasks['eval'][:2]
+    d = folder(tmp_path, [oracle_records[t.task_id] for t in tasks])
+    ep = LocalEndpoint(tiny, rows=2, max_context=256, device='cpu', max_free_tokens=6)
+    run = judge_model(d, tasks, {t.task_id: code_rubric(t) for t in tasks}, ep, workers=2, progress=False)
+    ep.close()
+    js = read_records(d/'judgments.jsonl')
+    assert run['recorded'] == {'not_judged': 2}
+    assert all(j['reason'].startswith('request refused') and 'does not fit' in j['reason'] for j in js.values())
+
+
+def test_a_model_that_cannot_load_fails_the_caller(tmp_path):
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    ep = LocalEndpoint(str(tmp_path/'no-such-model'), rows=1, device='cpu')
+    with pytest.raises(Exception): ep.chat([dict(role='user', content='hi')])
