@@ -280,6 +280,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.generate.additive_mask': ( 'generate.html#additive_mask',
                                                                                   'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.grouped_sdpa': ('generate.html#grouped_sdpa', 'shopping_grpo/generate.py'),
+                                        'shopping_grpo.generate.nucleus': ('generate.html#nucleus', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.row_cache': ('generate.html#row_cache', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.sample_next': ('generate.html#sample_next', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.use_grouped_sdpa': ( 'generate.html#use_grouped_sdpa',

@@ -9,8 +9,8 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['TransformersPolicy', 'additive_mask', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder', 'row_cache',
-           'SlotDecoder']
+__all__ = ['TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder',
+           'row_cache', 'SlotDecoder']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
 def _load(model_path, device, dtype, model, tokenizer):
@@ -75,6 +75,19 @@ def additive_mask(keep, dtype):
     keep = keep[:, None, None, :] if keep.dim() == 2 else keep[:, None]
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep.bool(), torch.finfo(dtype).min)
 
+def nucleus(lp, top_p:float, top_k:int=1024):
+    """The nucleus of each row of log-probabilities `lp`: candidate ids and their renormalised log-probabilities
+    (-inf outside it). Read off the `top_k` most likely tokens when these hold more than `top_p` of every row's mass
+    (then it is exact, and the vocabulary is not sorted), else off a full sort."""
+    import torch
+    k = min(top_k, lp.shape[-1])
+    vals, idx = lp.topk(k, -1)
+    if k < lp.shape[-1] and not bool((vals.exp().sum(-1) > top_p).all()):
+        vals, idx = lp.sort(-1, descending=True)
+    p = vals.exp()
+    inside = vals.masked_fill(p.cumsum(-1) - p > top_p, float('-inf'))  # out: the mass before it already exceeds top_p
+    return torch.log_softmax(inside, -1), idx
+
 def sample_next(logits, temperature:float, top_p:float, generator=None):
     "Next tokens and their log-probabilities under the sampling distribution (greedy at temperature 0)."
     import torch
@@ -84,9 +97,9 @@ def sample_next(logits, temperature:float, top_p:float, generator=None):
         return tok, lp.gather(-1, tok[:, None])[:, 0]
     lp = torch.log_softmax(logits.float() / temperature, -1)
     if top_p < 1.0:
-        srt, idx = lp.sort(-1, descending=True)
-        drop = srt.exp().cumsum(-1) - srt.exp() > top_p  # outside the nucleus: the mass before it already exceeds top_p
-        lp = torch.log_softmax(lp.scatter(-1, idx, srt.masked_fill(drop, float('-inf'))), -1)
+        lp, idx = nucleus(lp, top_p)
+        j = torch.multinomial(lp.exp(), 1, generator=generator)
+        return idx.gather(-1, j)[:, 0], lp.gather(-1, j)[:, 0]
     tok = torch.multinomial(lp.exp(), 1, generator=generator)[:, 0]
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
