@@ -28,6 +28,14 @@ class Tok:
     def convert_tokens_to_ids(self, t): return 151645
 
 
+def qwen_shape(layers:int=24):
+    "The configuration of a Qwen2.5-0.5B-sized model (untied output head, as the GGUF's)."
+    from transformers import Qwen2Config
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                       tie_word_embeddings=False)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--rows', type=int, default=48); ap.add_argument('--steps', type=int, default=64)
@@ -37,11 +45,10 @@ def main():
     ap.add_argument('--out', default='benchmarks/results/decode_step_qwen_shape.json')
     a = ap.parse_args()
     import torch
-    from transformers import Qwen2Config, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     import shopping_grpo.generate as G
     from shopping_grpo.records import write_atomic
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=a.layers,
-                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=False)
+    cfg = qwen_shape(a.layers)
     torch.manual_seed(0)
     with torch.device(a.device): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     with torch.no_grad(): model.lm_head.weight.mul_(a.peak)
@@ -57,7 +64,7 @@ def main():
         dec.held = [None] * dec.rows  # every call prefills afresh: the same work each time
         sync(); t = time.time(); out = dec(ctx); sync()
         return time.time() - t, sum(map(len, out))
-    new = G.nucleus.__globals__['sample_next']
+    new = G.sample_next  # the current sampler (nucleus from the top k); restored at the end
     call(new); call(full_sort_sample)  # warm-up: graph capture
     for name, s in (('nucleus_top_k', new), ('full_sort', full_sort_sample), ('nucleus_top_k_again', new)):
         sec, n = call(s)
@@ -79,6 +86,7 @@ def main():
         lp = torch.log_softmax(logits.float() / 0.7, -1)
         res['top_k_covers_share'] = round(float((lp.topk(1024, -1).values.exp().sum(-1) > 0.9).float().mean()), 3)
         res['top1_prob_median'] = round(float(lp.max(-1).values.exp().median()), 3)
+    G.sample_next = new
     write_atomic(a.out, json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 

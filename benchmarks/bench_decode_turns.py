@@ -5,21 +5,17 @@ seven turns that each append the 48 new tokens and a 400-token tool answer; each
 
     python benchmarks/bench_decode_turns.py > benchmarks/results/decode_turns_qwen_shape.json
 """
-import json, time
+import json, sys, time
+from pathlib import Path
 import torch
 import shopping_grpo.generate as G
-from transformers import Qwen2Config, AutoModelForCausalLM
-
-
-class Tok:
-    "The two things the decoder asks of a tokenizer."
-    pad_token_id = 151643
-    def convert_tokens_to_ids(self, t): return 151645
+from transformers import AutoModelForCausalLM
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_decode_step import Tok, qwen_shape
 
 
 def main():
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = qwen_shape()
     with torch.device('cuda'): m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     with torch.no_grad(): m.lm_head.weight.mul_(30)
     dec = G.SlotDecoder(model=m, tokenizer=Tok(), temperature=0.7, top_p=0.9, max_new_tokens=48, device='cuda',

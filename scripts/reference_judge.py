@@ -3,7 +3,8 @@ rubric steps in where its answer fails validation twice), every benchmark trajec
 the four reference shoppers judged by the same model through the judges' endpoint seam (`LocalEndpoint`: schema-guided
 greedy decoding in-process), the four panels of each model, and how far the judge and the curator agree with what the
 shop knows for certain (08_judge's `run_agreement`), with calibration flags. Small result files go to --out:
-run_<judge>.json (speed, accounting, flags), agreement_<judge>.json, rubrics.jsonl.gz and, per model,
+run_<judge>.json (accounting and flags of the latest call, and every call's speed under `runs`: a rerun that adds a
+model judges only what is new), agreement_<judge>.json, rubrics.jsonl.gz and, per model,
 <model>/judge_summary.json and <model>/judgments.jsonl.gz.
 
     python scripts/reference_judge.py --judge qwen2.5-0.5b --run outputs/judge-run --out outputs/reference/judge
@@ -15,7 +16,8 @@ import argparse, gzip, json, shutil, time
 from pathlib import Path
 
 MODELS = ('qwen-base=outputs/reference/qwen/template/eval/base,qwen-sft=outputs/reference/qwen/template/eval/sft,'
-          'smollm2-sft=outputs/reference/eval/sft,smollm2-grpo=outputs/reference/eval/grpo')
+          'qwen-grpo=outputs/reference/qwen/grpo/eval/grpo,smollm2-sft=outputs/reference/eval/sft,'
+          'smollm2-grpo=outputs/reference/eval/grpo')
 
 
 def log(msg): print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -63,28 +65,32 @@ def main():
     summaries = run_judges(ev, tasks, names, curator=ep if a.curator else None, judge=ep, workers=a.rows,
                            progress=False)
     seconds = time.time() - t0
-    eng = ep.engine
+    eng = ep.engine  # None when there was nothing left to judge
     ep.close()
     log(f"judged in {seconds:.0f} s")
     agreement = run_agreement(ev, tasks, models=names)
     out.mkdir(parents=True, exist_ok=True)
     path = write_agreement(out, agreement, ep.name)
     flags = calibration_flags(summaries)
-    tok = eng.prompt_tokens + eng.answer_tokens
-    res = dict(judge=ep.public(), seconds=round(seconds, 1), models=names, n_tasks=len(tasks),
-               requests=dict(prompt_tokens=eng.prompt_tokens, answer_tokens=eng.answer_tokens, passes=eng.calls,
-                             tokens_per_s=round(tok / seconds, 1), answer_tokens_per_s=round(eng.answer_tokens / seconds, 1)),
+    made = dict(prompt_tokens=eng.prompt_tokens, answer_tokens=eng.answer_tokens, passes=eng.calls) if eng else \
+        dict(prompt_tokens=0, answer_tokens=0, passes=0)
+    call = dict(seconds=round(seconds, 1), models=names, **made,
+                tokens_per_s=round((made['prompt_tokens'] + made['answer_tokens']) / seconds, 1))
+    run_file = out/f'run_{path.stem[len("agreement_"):]}.json'
+    runs = json.loads(run_file.read_text()).get('runs', []) if run_file.exists() else []
+    res = dict(judge=ep.public(), models=names, n_tasks=len(tasks), runs=runs + [call],
+               seconds=round(sum(r['seconds'] for r in runs + [call]), 1),
                judged={n: dict(valid=s['valid_judgments'], not_judged=s['not_judged'], reasons=s['not_judged_reasons'],
                                rubric_sources=s['rubric_sources']) for n, s in summaries.items()},
                flags=flags, agreement_file=path.name, versions=package_versions(JUDGE_PACKAGES + ('torch', 'transformers')))
-    write_atomic(out/f'run_{path.stem[len("agreement_"):]}.json', json.dumps(res, indent=1, ensure_ascii=False))
+    write_atomic(run_file, json.dumps(res, indent=1, ensure_ascii=False))
     with gzip.open(out/'rubrics.jsonl.gz', 'wt', encoding='utf-8') as f: f.write((ev/'rubrics.jsonl').read_text())
     for n in names:
         (out/n).mkdir(exist_ok=True)
         shutil.copy(ev/n/'judge_summary.json', out/n/'judge_summary.json')
         with gzip.open(out/n/'judgments.jsonl.gz', 'wt', encoding='utf-8') as f:
             f.write((ev/n/'judgments.jsonl').read_text())
-    log(json.dumps(dict(seconds=res['seconds'], requests=res['requests'], flags=flags,
+    log(json.dumps(dict(seconds=call['seconds'], requests=made, flags=flags,
                         overall=agreement.get('pooled', {}).get('overall'))))
 
 

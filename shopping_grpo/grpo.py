@@ -167,7 +167,7 @@ def kept_groups(n_played:int, flat:list[int], n:int) -> list[int]:
 
 # %% ../nbs/06_grpo.ipynb #ca104151
 def make_policy(model, tokenizer, recipe:GRPORecipe):
-    "The token policy that samples from `model`: `SlotDecoder`, `StaticDecoder` or `TransformersPolicy`, per the recipe."
+    "The token policy that samples from `model`: `SlotDecoder`, `StaticDecoder` or `TransformersPolicy` (the recipe's)."
     from shopping_grpo.generate import TransformersPolicy, StaticDecoder, SlotDecoder
     dev = str(next(model.parameters()).device)
     kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p,
@@ -249,11 +249,13 @@ class ShopRollout:
         self.policy_factory = policy_factory
         self.policy, self.merged, self.stats, self.episodes = None, None, {}, []
     def policy_for(self, model):
-        "The token policy for `model`, made once (a static decoder keeps its graphs); a merged copy synced first."
+        """The token policy for `model`, made once (a decoder keeps its graphs); a merged copy synced first, and rows
+        that hold caches of the old weights forgotten."""
         if self.policy is None:
             self.merged = MergedCopy(model) if self.cfg.merged_decode else None
             self.policy = self.policy_factory(self.merged.model if self.merged else model, self.r.tok, self.cfg)
         if self.merged: self.merged.sync()
+        if hasattr(self.policy, 'reset'): self.policy.reset()
         return self.policy
 
 # %% ../nbs/06_grpo.ipynb #eb17b14a
@@ -411,7 +413,7 @@ def validate(run:GRPORun, model, step:int) -> dict:
     rec = dict(kind='val', step=step, mean_reward=s['mean_reward'], strict_success=s['strict_success'],
                purchase_success=s['purchase_success'],
                n_tasks=s['n_tasks'], infrastructure_invalid=s['infrastructure_invalid'],
-               decoder_gap=gap and gap['mean'], decoder_gap_max=gap and gap['max'],
+               decoder_gap_mean=gap and gap['mean'], decoder_gap_max=gap and gap['max'],
                seconds=round(time.time() - t0, 2))
     _durable(run.metrics, rec)
     return rec

@@ -299,7 +299,10 @@ def curate(task:Task, curator:Endpoint|None) -> Rubric:
     cands = candidates(task)
     msgs, errors = curator_messages(task, cands), []
     for attempt in (1, 2):
-        text = curator.chat(msgs, curation_schema(cands), 'rubric')
+        try: text = curator.chat(msgs, curation_schema(cands), 'rubric')
+        except ValueError as e:  # refused (a local endpoint: the request does not fit): code's rubric stands in
+            errors.append(f'request refused: {e}')
+            break
         try: reqs = check_curation(text, task, cands)
         except RubricError as e:
             errors.append(str(e))
@@ -307,7 +310,8 @@ def curate(task:Task, curator:Endpoint|None) -> Rubric:
             continue
         how = dict(endpoint=curator.public(), attempts=attempt, errors=errors)
         return Rubric(task.task_id, task.lang, task.instruction, reqs, 'curator', how).freeze()
-    r = code_rubric(task, f'the curator failed validation twice: {errors[-1]}')
+    refused = errors[-1].startswith('request refused')
+    r = code_rubric(task, errors[-1] if refused else f'the curator failed validation twice: {errors[-1]}')
     r.curation.update(endpoint=curator.public(), errors=errors)
     return r
 
@@ -514,7 +518,7 @@ def check_judgment(text:str, rubric:Rubric, events:list[str]) -> Judgment:
 
 # %% ../nbs/08_judge.ipynb #b0c8225d
 def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3) -> dict:
-    "The JSON schema of a judgment for this rubric and episode: ids enumerated, one to `max_cited` citations, text bounded."
+    "The JSON schema of a judgment for this rubric and episode: ids enumerated, 1 to `max_cited` citations, text bounded."
     obj = lambda req, **props: dict(type='object', additionalProperties=False, required=req, properties=props)
     cited = dict(type='array', items=dict(type='string', enum=events), minItems=1, maxItems=max_cited)
     verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=['met', 'unmet', 'unclear']), events=cited)
@@ -760,15 +764,18 @@ def cohen_kappa(counts:dict) -> tuple[float|None, str]:
 
 # %% ../nbs/08_judge.ipynb #cf34601c
 def buy_event(rec:dict) -> str|None:
-    "The id of the call that bought, or None."
-    return next((e['id'] for e in rec['events'] if e['kind'] == 'action' and e['data']['tool'] == 'buy_now'), None)
+    "The id of the call that bought (the last `buy_now` of an episode that ended in a purchase), or None."
+    if rec.get('termination_reason') != 'purchase': return None
+    buys = [e['id'] for e in rec['events'] if e['kind'] == 'action' and e['data']['tool'] == 'buy_now']
+    return buys[-1] if buys else None
 
 def purchased_asin(rec:dict) -> str|None:
-    "The asin of the product bought: the product page the agent was on when it bought; None without a purchase."
-    asin = None
+    "The asin of the product bought: the page the agent was on when it made the call that bought; else None."
+    if (buy := buy_event(rec)) is None: return None
+    page = None
     for e in rec['events']:
-        if e['kind'] == 'observation' and e['data'].get('asin'): asin = e['data']['asin']
-        if e['kind'] == 'action' and e['data']['tool'] == 'buy_now': return asin
+        if e['id'] == buy: return page
+        if e['kind'] == 'observation': page = e['data'].get('asin')  # the next call is made on this page
     return None
 
 def decisive_events(rec:dict) -> set[str]:

@@ -32,7 +32,8 @@ def walk(schema:dict|None):
     elif t == 'array':
         items, lo = schema['items'], schema.get('minItems', 0)
         hi = schema.get('maxItems', len(items.get('enum', [])) or 8)
-        if 'enum' not in items: raise ValueError(f"arrays of {items.get('type')} are not decoded by schema: use an enum")
+        if 'enum' not in items:
+            raise ValueError(f"arrays of {items.get('type')} are not decoded by schema: use an enum")
         yield ('text', '[')
         left = [json.dumps(v, ensure_ascii=False) for v in items['enum']]
         for n in range(hi):
@@ -69,13 +70,15 @@ def answer_text(schema, choose=lambda opts: 0, free=lambda n: 'x') -> str:
 
 # %% ../nbs/08a_local_endpoint.ipynb #369e2dd8
 @lru_cache(None)
-def _free_tokens(tok) -> tuple:
-    "Ids of tokens that may appear inside a JSON string as written (no quote, backslash or control character)."
+def _string_tokens(tok) -> tuple[tuple, tuple]:
+    """Ids of tokens a JSON string may hold as written (no quote, backslash or control character), and of tokens
+    that close it (their text starts with a quote, like `"` or `",`: the string ends there and code writes the rest)."""
     texts = tok.batch_decode([[i] for i in range(len(tok))])
     special = set(tok.all_special_ids)
-    ok = [i for i, s in enumerate(texts) if s and i not in special and '"' not in s and '\\' not in s
-          and all(ord(ch) >= 32 for ch in s)]
-    return tuple(ok)
+    inside = [i for i, s in enumerate(texts) if s and i not in special and '"' not in s and '\\' not in s
+              and all(ord(ch) >= 32 for ch in s)]
+    closing = [i for i, s in enumerate(texts) if s.startswith('"') and i not in special]
+    return tuple(inside), tuple(closing)
 
 # %% ../nbs/08a_local_endpoint.ipynb #676a3605
 @dataclass
@@ -101,13 +104,14 @@ class SchemaDecoder:
     def __init__(self, decoder, max_free_tokens:int=64, max_any_tokens:int=512):
         self.dec, self.tok = decoder, decoder.tok
         self.max_free_tokens, self.max_any_tokens = max_free_tokens, max_any_tokens
-        self.quote = self.tok.encode('"', add_special_tokens=False)
-        self.free_ids, self._options = None, {}
+        inside, closing = _string_tokens(self.tok)
+        self.closing, self.string_ids, self._options = set(closing), inside + closing, {}
         self.calls, self.prompt_tokens, self.answer_tokens = 0, 0, 0
     def ids(self, text:str) -> list[int]: return self.tok.encode(text, add_special_tokens=False)
     def option_ids(self, options:list[str]) -> list[tuple[int, list[int]]]:
         "Each option's index and ids (tokenized once), checked to be prefix-free (no greedy walk could end in two)."
         key = tuple(options)
+        if not options: raise ValueError("a choice with no options (an empty enum): nothing can be chosen")
         if key not in self._options:
             opts = [(i, self.ids(o)) for i, o in enumerate(options)]
             srt = sorted(o for _, o in opts)  # a prefix sorts right before the ids it begins
@@ -148,7 +152,7 @@ def _decide(self:SchemaDecoder, job:_Job, allowed_best:int):
         k = done[0]
         job.out.append(job.step[1][k])
         return self._advance(job, k)
-    stop = allowed_best == self.dec.end_id if kind == 'any' else allowed_best in self.quote[:1]
+    stop = allowed_best == self.dec.end_id if kind == 'any' else allowed_best in self.closing
     limit = self.max_any_tokens if kind == 'any' else self.max_free_tokens
     if not stop:
         job.free.append(allowed_best)
@@ -165,8 +169,7 @@ def _decide(self:SchemaDecoder, job:_Job, allowed_best:int):
 def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
     "For each job, its most likely allowed token: among its options' next tokens, or any token a free string takes."
     import torch
-    if self.free_ids is None:
-        self.free_ids = torch.tensor(_free_tokens(self.tok) + tuple(self.quote[:1]), device=logits.device)
+    if not torch.is_tensor(self.string_ids): self.string_ids = torch.tensor(self.string_ids, device=logits.device)
     out = [None] * len(jobs)
     ch = [i for i, j in enumerate(jobs) if j.step[0] == 'choose']
     if ch:
@@ -177,8 +180,8 @@ def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
         for i, c, p in zip(ch, cands, pick): out[i] = c[p]
     fr = [i for i, j in enumerate(jobs) if j.step[0] == 'free']
     if fr:
-        pick = logits[fr][:, self.free_ids].float().argmax(1)
-        for i, p in zip(fr, self.free_ids[pick].tolist()): out[i] = p
+        pick = logits[fr][:, self.string_ids].float().argmax(1)
+        for i, p in zip(fr, self.string_ids[pick].tolist()): out[i] = p
     for i, j in enumerate(jobs):
         if j.step[0] == 'any': out[i] = int(logits[i].argmax())
     return out
@@ -195,16 +198,26 @@ def answer(self:SchemaDecoder, prompts:list[list[int]], schemas:list) -> list[st
 @patch
 def run(self:SchemaDecoder, get):
     """Serve requests from `get(block)` ((prompt ids, schema, future), or None when none is waiting) in the decoder's
-    rows until it raises StopIteration; `block` is True when no row is busy."""
+    rows until it raises StopIteration; `block` is True when no row is busy. A request that cannot be answered (too
+    long, a schema it cannot decode) fails alone; a pass that fails fails every live request, then propagates."""
     import torch
     dec, live, free, closed = self.dec, [], list(range(self.dec.rows)), False
     dec._ensure()
+    room = dec.max_context - 1  # ids a row may hold: the decoder's last column is scratch
     def finish(job, text=None, error=None):
         free.append(job.row)
-        if error is None:
+        if error is not None: job.future.set_exception(error)
+        else:
             self.answer_tokens += job.held - job.prompt
             job.future.set_result(text)
-        else: job.future.set_exception(error)
+    def move(job, how, *args) -> bool:
+        "Run one of a job's moves; True while it goes on (a job that ends or fails is finished here)."
+        try: step = how(job, *args)
+        except Exception as e:
+            finish(job, error=e)
+            return False
+        if step is None: finish(job, ''.join(job.out))
+        return step is not None
     while True:
         while free and not closed:
             try: item = get(not live)
@@ -214,28 +227,31 @@ def run(self:SchemaDecoder, get):
             if item is None: break
             p, schema, fut = item
             if not fut.set_running_or_notify_cancel(): continue
-            job = _Job(walk(schema), fut, pending=list(p), row=free.pop(), prompt=len(p), t0=time.time())
+            job = _Job(walk(schema), fut, pending=list(p), row=free.pop(), prompt=len(p))
             self.prompt_tokens += len(p)
-            if len(p) + 2 * self.max_free_tokens > dec.max_context:
+            if len(p) + 2 * self.max_free_tokens > room:
                 finish(job, error=ValueError(f"a prompt of {len(p)} tokens does not fit {dec.max_context}"))
-            elif self._advance(job) is None: finish(job, ''.join(job.out))
-            else: live.append(job)
+            elif move(job, self._advance): live.append(job)
+        fits = []
+        for j in live:  # a job whose next ids would outgrow its row fails alone, before the pass
+            if j.held + len(j.pending) + 1 <= room: fits.append(j)
+            else: finish(j, error=ValueError(f"the answer outgrew {dec.max_context} tokens"))
+        live = fits
         if not live:
             if closed: return
             continue
-        with torch.inference_mode():
-            logits = dec._prefill([j.row for j in live], [j.pending for j in live], [j.held for j in live])
+        try:
+            with torch.inference_mode():
+                logits = dec._prefill([j.row for j in live], [j.pending for j in live], [j.held for j in live])
+            best = self._best(live, logits)
+        except BaseException as e:
+            for j in live: finish(j, error=e)
+            raise
         self.calls += 1
         for j in live:
             j.held += len(j.pending)
             j.pending = []
-        still = []
-        for j, b in zip(live, self._best(live, logits)):
-            if j.held + 2 >= dec.max_context:
-                finish(j, error=ValueError(f"the answer outgrew {dec.max_context} tokens"))
-            elif self._decide(j, b) is None: finish(j, ''.join(j.out))
-            else: still.append(j)
-        live = still
+        live = [j for j, b in zip(live, best) if move(j, self._decide, b)]
 
 # %% ../nbs/08a_local_endpoint.ipynb #7100967f
 class LocalEndpoint:
@@ -246,7 +262,7 @@ class LocalEndpoint:
         self.model, self.rows, self.max_context, self.device = model, rows, max_context, device
         self.max_free_tokens, self.prefill_tokens, self.name = max_free_tokens, prefill_tokens, name or model
         self.requests, self.engine, self.lock = queue.Queue(), None, threading.Lock()
-        self.response_format, self.max_tokens = 'json_schema', max_free_tokens
+        self.thread, self.failure, self.closed = None, None, False
     def public(self) -> dict:
         return dict(model=self.name, base_url='local', response_format='json_schema (schema-guided greedy decoding)',
                     max_free_tokens=self.max_free_tokens, rows=self.rows, max_context=self.max_context)
@@ -260,6 +276,7 @@ def start(self:LocalEndpoint) -> LocalEndpoint:
     from shopping_grpo.model import materialize_model, EMBEDDED_MODELS
     from shopping_grpo.episode import load_chat_template
     with self.lock:
+        if self.closed: raise RuntimeError("the local endpoint is closed")
         if self.engine is not None: return self
         dec = SlotDecoder(materialize_model(self.model), rows=self.rows, max_context=self.max_context,
                           device=self.device, prefill_tokens=self.prefill_tokens, max_new_tokens=1)
@@ -273,7 +290,7 @@ def start(self:LocalEndpoint) -> LocalEndpoint:
             return item
         def serve():
             try: self.engine.run(get)
-            except BaseException as e:  # the engine failed: every waiting request gets the error
+            except BaseException as e:  # the engine failed: every request still queued gets the error
                 self.failure = e
                 while True:
                     try: item = self.requests.get_nowait()
@@ -285,18 +302,28 @@ def start(self:LocalEndpoint) -> LocalEndpoint:
 
 @patch
 def chat(self:LocalEndpoint, messages:list[dict], schema:dict|None=None, name:str='answer') -> str:
-    "The model's greedy answer to `messages`, following `schema` when given."
+    """The model's greedy answer to `messages`, following `schema` when given. A request it cannot answer raises
+    ValueError (the judge counts it as not judged); a stopped or failed engine raises `Unavailable`."""
+    from concurrent.futures import TimeoutError as Waiting
+    from shopping_grpo.judge import Unavailable
+    if self.closed: raise Unavailable("the local endpoint is closed")
     self.start()
-    if getattr(self, 'failure', None) is not None: raise RuntimeError(f"the local endpoint failed: {self.failure}")
     text = self.engine.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False,
                                                add_generation_prompt=True)
     fut = Future()
     self.requests.put((self.engine.ids(text), schema, fut))
-    return fut.result()
+    while True:
+        try: return fut.result(timeout=5)
+        except Waiting:  # still waiting: fine while the engine runs
+            if not self.thread.is_alive(): raise Unavailable(f"the local endpoint stopped: {self.failure}") from None
+        except ValueError: raise
+        except Exception as e: raise Unavailable(f"the local endpoint failed: {type(e).__name__}: {e}") from e
 
 @patch
 def close(self:LocalEndpoint):
-    "Stop the serving thread once the queued requests are answered."
+    "Stop the serving thread once the queued requests are answered (again: nothing)."
+    if self.closed: return
+    self.closed = True
     if self.engine is not None:
         self.requests.put(None)
         self.thread.join()

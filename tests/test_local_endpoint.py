@@ -49,4 +49,32 @@ def test_a_prompt_that_does_not_fit_is_not_judged(shop, oracle_records, tiny, tm
 def test_a_model_that_cannot_load_fails_the_caller(tmp_path):
     from shopping_grpo.local_endpoint import LocalEndpoint
     ep = LocalEndpoint(str(tmp_path/'no-such-model'), rows=1, device='cpu')
-    with pytest.raises(Exception): ep.chat([dict(role='user', content='hi')])
+    with pytest.raises((OSError, ValueError)): ep.chat([dict(role="user", content="hi")])
+
+
+def test_a_request_that_cannot_be_decoded_fails_alone(tiny):
+    from concurrent.futures import ThreadPoolExecutor
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    ep = LocalEndpoint(tiny, rows=2, max_context=1024, device='cpu', max_free_tokens=4)
+    good = dict(type='object', properties=dict(ok=dict(type='boolean')))
+    empty = dict(type='object', properties=dict(events=dict(type='array', items=dict(type='string', enum=[]), minItems=1)))
+    msgs = [dict(role='user', content='hi')]
+    with ThreadPoolExecutor(2) as ex:
+        bad, fine = ex.submit(ep.chat, msgs, empty), ex.submit(ep.chat, msgs, good)
+        with pytest.raises(ValueError, match='empty enum'): bad.result()
+        assert json.loads(fine.result()) in (dict(ok=True), dict(ok=False))
+    ep.close()
+    ep.close()  # twice is harmless
+
+
+def test_a_failed_or_closed_engine_answers_unavailable(tiny):
+    from shopping_grpo.judge import Unavailable
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    ep = LocalEndpoint(tiny, rows=1, max_context=1024, device='cpu', max_free_tokens=4).start()
+    def broken(*a, **kw): raise RuntimeError('the device is gone')
+    ep.engine.dec._prefill = broken
+    msgs = [dict(role='user', content='hi')]
+    with pytest.raises(Unavailable, match='the device is gone'): ep.chat(msgs)
+    with pytest.raises(Unavailable, match='stopped'): ep.chat(msgs)  # the engine is down: no caller hangs
+    ep.close()
+    with pytest.raises(Unavailable, match='closed'): ep.chat(msgs)

