@@ -15,6 +15,13 @@ settings.load_profile('shopping_grpo')
 
 
 @pytest.fixture(scope='session')
+def tiny(tmp_path_factory) -> str:
+    "A randomly initialised 2-layer model of SmolLM2's architecture with its tokenizer and chat template (read only)."
+    from shopping_grpo.sft import tiny_model
+    return str(tiny_model(tmp_path_factory.mktemp('tiny')))
+
+
+@pytest.fixture(scope='session')
 def shop_dir(tmp_path_factory):
     "Run folder holding the session's small shop (catalog/, its index and tasks/)."
     d = tmp_path_factory.mktemp('shop') / 'run'

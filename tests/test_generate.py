@@ -8,12 +8,11 @@ from shopping_grpo.episode import ChatRenderer, load_chat_template, run_lockstep
 
 
 @pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
+def tiny_lm(tiny):
+    "The session's small random model, loaded, and its tokenizer."
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from shopping_grpo.sft import tiny_model
-    p = tiny_model(tmp_path_factory.mktemp('tiny'), hidden=64)
-    return AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(str(p))
+    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(tiny)
 
 
 def play(shop, tasks, decoder, renderer):
@@ -22,9 +21,9 @@ def play(shop, tasks, decoder, renderer):
     return {r['task_id']: r for r in recs}
 
 
-def test_slot_decoder_plays_the_same_episodes(shop, tiny):
+def test_slot_decoder_plays_the_same_episodes(shop, tiny_lm):
     from shopping_grpo.generate import StaticDecoder, SlotDecoder
-    model, tok = tiny
+    model, tok = tiny_lm
     renderer = ChatRenderer(tok, load_chat_template())
     tasks = shop.tasks['eval'][:7]
     static = StaticDecoder(model=model, tokenizer=tok, max_new_tokens=12, device='cpu', bucket=512)
@@ -40,9 +39,9 @@ def test_slot_decoder_plays_the_same_episodes(shop, tiny):
     assert slot.reused > 2 * slot.prefilled
 
 
-def test_slot_decoder_refuses_what_does_not_fit(tiny):
+def test_slot_decoder_refuses_what_does_not_fit(tiny_lm):
     from shopping_grpo.generate import SlotDecoder
-    model, tok = tiny
+    model, tok = tiny_lm
     dec = SlotDecoder(model=model, tokenizer=tok, max_new_tokens=8, device='cpu', rows=2, max_context=64)
     with pytest.raises(ValueError, match='rows'): dec([[1, 2], [3, 4], [5, 6]])
     with pytest.raises(ValueError, match='exceeds 64'): dec([list(range(10, 70))])

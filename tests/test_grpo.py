@@ -8,18 +8,11 @@ import pytest
 import torch
 
 from shopping_grpo.episode import ChatRenderer, episode_valid
-from shopping_grpo.sft import tiny_model
 from shopping_grpo.grpo import (GRPORecipe, ShopRollout, DiskFull, grpo_recipe, train_grpo, read_metrics,
                                 grpo_monitor, GRPORun, _durable, trim_after)
 from _helpers import ScriptedTokens
 
 torch.set_num_threads(1)  # tests share two cores with other work: extra threads only spin
-
-
-@pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
-    "A randomly initialised 2-layer model of SmolLM2's architecture with its tokenizer and chat template."
-    return str(tiny_model(tmp_path_factory.mktemp('tiny')))
 
 
 @pytest.fixture(scope='module')

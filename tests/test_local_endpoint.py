@@ -8,12 +8,6 @@ import pytest
 from shopping_grpo.judge import code_rubric, judge_model, read_records
 
 
-@pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
-    from shopping_grpo.sft import tiny_model
-    return str(tiny_model(tmp_path_factory.mktemp('tiny'), hidden=64))
-
-
 def folder(tmp_path, records):
     d = tmp_path/'model'
     d.mkdir()

@@ -8,13 +8,7 @@ import torch
 from shopping_grpo.policies import ExpertPolicy
 from shopping_grpo.episode import run_message_episode, scripted_run, ChatRenderer, Episode, TokenEpisode
 from shopping_grpo.records import append_record
-from shopping_grpo.sft import SFTData, SFTConfig, sft_example, train_sft, merge_lora, action_loss, tiny_model, IGNORE
-
-
-@pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
-    "A randomly initialised 2-layer model of SmolLM2's architecture with its tokenizer and chat template."
-    return tiny_model(tmp_path_factory.mktemp('tiny'))
+from shopping_grpo.sft import SFTData, SFTConfig, sft_example, train_sft, merge_lora, action_loss, IGNORE
 
 
 @pytest.fixture(scope='module')
