@@ -34,6 +34,7 @@ def log(msg): print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 def parse():
     import shopping_grpo.step_credit  # registers the step-credit variants with the engine
     from shopping_grpo.grpo import CREDITS
+    from shopping_grpo.reward import TRAINING_REWARDS
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('sft', help='start model: the SFT merged checkpoint (or any checkpoint path, or smollm2)')
     ap.add_argument('--run', default='outputs/reference-run', help='run folder: shop files, grpo/ and eval/ go here')
@@ -63,7 +64,7 @@ def parse():
     ap.add_argument('--n-products', type=int, default=20_000); ap.add_argument('--n-eval', type=int, default=200); ap.add_argument('--eval-batch', type=int, default=32)
     ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu'])
     ap.add_argument('--seed', type=int, default=None, help=f'training seed ({recipe})')
-    ap.add_argument('--reward', default=None, choices=['v3', 'v3_strict'], help=f'training reward ({recipe})')
+    ap.add_argument('--reward', default=None, choices=list(TRAINING_REWARDS), help=f'training reward ({recipe})')
     ap.add_argument('--credit', default='episode', choices=list(CREDITS), help='step credit: plain GRPO, progress estimates, same-page step groups')
     ap.add_argument('--time-budget-min', type=float, default=0, help='stop training cleanly (with a checkpoint) after this many minutes; 0: no limit')
     return ap.parse_args()

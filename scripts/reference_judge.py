@@ -51,9 +51,8 @@ def main():
     for spec in filter(None, a.models.split(',')):
         name, src = spec.split('=')
         (ev/name).mkdir(parents=True, exist_ok=True)
-        dst = ev/name/'trajectories.jsonl'
-        if not dst.exists():
-            with gzip.open(Path(src)/'trajectories.jsonl.gz', 'rt', encoding='utf-8') as f: dst.write_text(f.read())
+        if not (ev/name/'trajectories.jsonl.gz').exists():  # read as it is (08_judge's `trajectories`)
+            shutil.copy(Path(src)/'trajectories.jsonl.gz', ev/name/'trajectories.jsonl.gz')
         if (Path(src)/'summary.json').exists(): shutil.copy(Path(src)/'summary.json', ev/name/'summary.json')
         names.append(name)
     for s in filter(None, a.shoppers.split(',')):

@@ -124,24 +124,50 @@ def use_grouped_sdpa(model):
     model.set_attn_implementation('grouped_sdpa')
     return model
 
+# %% ../nbs/03b_generate.ipynb #b2e22ec9
+class _GraphDecoder:
+    "What the graph decoders share: the model on its device, the sampling settings, and a turn's sampling loop."
+    def __init__(self, model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
+                 cuda_graph, seed, grouped_attention):
+        import torch
+        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
+        if grouped_attention: use_grouped_sdpa(self.model)
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
+        self.graph = self.device.startswith('cuda') if cuda_graph is None else cuda_graph
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.generated, self.gen_seconds, self.last_logprobs = 0, 0.0, []
+    def _sample(self, logits, feed, t0:float) -> tuple[list[list[int]], int]:
+        """New ids for each row of `logits` (cut after the end-of-turn token) and the tokens sampled a row; `feed(tok, t)`
+        writes the step's tokens and gives the next logits. Stops every 16 steps once every row has ended."""
+        import torch
+        toks, lps, done = [], [], torch.zeros(logits.shape[0], dtype=torch.bool, device=self.device)
+        for t in range(self.max_new_tokens):
+            tok, lp = sample_next(logits, self.temperature, self.top_p, self.gen)
+            toks.append(tok)
+            lps.append(lp)
+            done |= tok == self.end_id
+            if t == self.max_new_tokens - 1 or (t % 16 == 15 and bool(done.all())): break
+            logits = feed(tok, t)
+        out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
+        res = [_cut(o, self.end_id) for o in out]
+        self.last_logprobs = [l[:len(r)] for l, r in zip(lp, res)]
+        self.generated += sum(map(len, res))
+        self.gen_seconds += time.time() - t0
+        return res, len(out[0])
+
 # %% ../nbs/03b_generate.ipynb #c0982c93
-class StaticDecoder:
+class StaticDecoder(_GraphDecoder):
     "Batched decoding with a static KV cache; on CUDA the decode step is captured once per bucket as a graph."
     def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
                  device:str|None=None, dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None,
                  cuda_graph:bool|None=None,     # capture the decode step as a CUDA graph; default: on CUDA
                  bucket:int=256,                # cache lengths are rounded up to a multiple of this
                  seed:int=0, grouped_attention:bool=True):
-        import torch
-        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-        self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
-        if grouped_attention: use_grouped_sdpa(self.model)
-        self.temperature, self.top_p, self.max_new_tokens, self.bucket = temperature, top_p, max_new_tokens, bucket
-        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
-        self.graph = (self.device.startswith('cuda')) if cuda_graph is None else cuda_graph
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.slots = {}
-        self.generated, self.gen_seconds, self.last_logprobs = 0, 0.0, []
+        super().__init__(model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
+                         cuda_graph, seed, grouped_attention)
+        self.bucket, self.slots = bucket, {}
 
 # %% ../nbs/03b_generate.ipynb #d8126289
 @patch
@@ -207,31 +233,19 @@ def _capture(self:StaticDecoder, s:dict, n:int):
 def __call__(self:StaticDecoder, contexts:list[list[int]]) -> list[list[int]]:
     "New ids for each context, cut after the end-of-turn token; `last_logprobs` holds their log-probabilities."
     import torch
-    t0, b = time.time(), len(contexts)
-    s = self._slot(b, max(map(len, contexts)) + self.max_new_tokens)
+    t0 = time.time()
+    s = self._slot(len(contexts), max(map(len, contexts)) + self.max_new_tokens)
     with torch.inference_mode():
         logits, n = self._prefill(s, contexts)
         if self.graph and s['graph'] is None: self._capture(s, n)
-        toks, lps, done = [], [], torch.zeros(b, dtype=torch.bool, device=self.device)
-        for t in range(self.max_new_tokens):
-            tok, lp = sample_next(logits, self.temperature, self.top_p, self.gen)
-            toks.append(tok)
-            lps.append(lp)
-            done |= tok == self.end_id
-            if t == self.max_new_tokens - 1 or (t % 16 == 15 and bool(done.all())): break
+        def feed(tok, t:int):
             s['tok'][:, 0] = tok
             s['pos'] += 1
             s['keep'][:, n + t] = 1
-            if self.graph:
-                s['graph'].replay()
-                logits = s['out']
-            else: logits = self._step(s)
-    out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
-    res = [_cut(o, self.end_id) for o in out]
-    self.last_logprobs = [l[:len(r)] for l, r in zip(lp, res)]
-    self.generated += sum(map(len, res))
-    self.gen_seconds += time.time() - t0
-    return res
+            if not self.graph: return self._step(s)
+            s['graph'].replay()
+            return s['out']
+        return self._sample(logits, feed, t0)[0]
 
 # %% ../nbs/03b_generate.ipynb #51aa6c06
 @lru_cache(None)
@@ -274,7 +288,7 @@ def row_cache(config, rows:int, length:int, dtype, device):
     return Cache(layers=layers), where
 
 # %% ../nbs/03b_generate.ipynb #d8ac427e
-class SlotDecoder:
+class SlotDecoder(_GraphDecoder):
     """Batched decoding over rows that keep each episode's KV cache between calls: a call prefills only the new tail of
     each context (tool response, next header) and refills rows of finished episodes at once."""
     def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
@@ -284,19 +298,12 @@ class SlotDecoder:
                  prefill_tokens:int=32768,      # (rows x padded width) a prefill pass holds at most
                  bucket:int=512,                # attention reads the columns in use, rounded up to this
                  cuda_graph:bool|None=None, seed:int=0, grouped_attention:bool=True):
-        import torch
-        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-        self.model, self.tok = _load(model_path, self.device, dtype, model, tokenizer)
-        if grouped_attention: use_grouped_sdpa(self.model)
-        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
-        self.end_id, self.pad_id = _end_and_pad(self.tok, end_token)
+        super().__init__(model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
+                         cuda_graph, seed, grouped_attention)
         self.rows, self.max_context, self.prefill_tokens = rows, max_context, prefill_tokens
         self.L, self.bucket = max_context + 1, bucket  # columns; the last one past every live row is scratch
-        self.graph = self.device.startswith('cuda') if cuda_graph is None else cuda_graph
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.cache, self.where, self.graphs = None, None, {}
         self.held = [None] * rows                    # the ids whose keys and values each row holds
-        self.generated, self.gen_seconds, self.last_logprobs = 0, 0.0, []
         self.prefilled, self.reused = 0, 0           # tokens prefilled, tokens found already in a row's cache
     def reset(self):
         "Forget every row's cache (after the model's weights change, a held cache is stale)."
@@ -354,7 +361,9 @@ def _prefill(self:SlotDecoder, rows:list[int], chunks:list[list[int]], starts:li
     order = sorted(range(len(rows)), key=lambda i: len(chunks[i]))
     groups, g = [], []
     for i in order:  # rows of similar width pass together, at most `prefill_tokens` (rows x width) a pass
-        if g and (len(g) + 1) * len(chunks[i]) > self.prefill_tokens: groups.append(g); g = []
+        if g and (len(g) + 1) * len(chunks[i]) > self.prefill_tokens:
+            groups.append(g)
+            g = []
         g.append(i)
     groups.append(g)
     for g in groups:
@@ -432,25 +441,14 @@ def __call__(self:SlotDecoder, contexts:list[list[int]]) -> list[list[int]]:
         self.lens.zero_()
         self.lens[idx] = torch.tensor([len(c) for c in contexts], device=self.device)
         graph = (self.graphs.get(width) or self._capture(width)) if self.graph else None
-        logits = first  # the call's rows only: idle rows are neither sampled nor read
-        toks, lps, done = [], [], torch.zeros(len(rows), dtype=torch.bool, device=self.device)
-        for t in range(self.max_new_tokens):
-            tok, lp = sample_next(logits, self.temperature, self.top_p, self.gen)
-            toks.append(tok)
-            lps.append(lp)
-            done |= tok == self.end_id
-            if t == self.max_new_tokens - 1 or (t % 16 == 15 and bool(done.all())): break
+        def feed(tok, t:int):  # the call's rows only: idle rows are neither sampled nor read
             self.tok_in[idx, 0] = tok
-            if graph is not None:
+            if graph is None: nxt = self._step(width)[idx]
+            else:
                 graph[0].replay()
-                logits = graph[1][idx]
-            else: logits = self._step(width)[idx]
+                nxt = graph[1][idx]
             self.lens += self.live
-    out, lp = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
-    res = [_cut(o, self.end_id) for o in out]
-    fed = len(out[0]) - 1  # the last sampled token of the call was never written to the cache
-    for r, c, o in zip(rows, contexts, res): self.held[r] = c + o[:fed]
-    self.last_logprobs = [l[:len(x)] for l, x in zip(lp, res)]
-    self.generated += sum(map(len, res))
-    self.gen_seconds += time.time() - t0
+            return nxt
+        res, sampled = self._sample(first, feed, t0)
+    for r, c, o in zip(rows, contexts, res): self.held[r] = c + o[:sampled - 1]  # the last sampled token never went in
     return res

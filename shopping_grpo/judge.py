@@ -21,19 +21,19 @@ from .tools import approx_tokens
 
 # %% auto #0
 __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'CUTS', 'FORBIDDEN',
-           'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'SOFT_COMPONENTS', 'VERDICTS',
+           'VERDICTS', 'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'SOFT_COMPONENTS',
            'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES', 'LEAK_KINDS', 'MAX_WRONG_PASS', 'WRONG_PASSES',
            'Candidate', 'candidates', 'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric',
            'RubricError', 'Decision', 'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable',
            'Endpoint', 'curator_messages', 'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics',
            'rubric_set_sha256', 'agent_view', 'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages',
            'plant_sentinels', 'JudgmentError', 'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema',
-           'prompt_sha256', 'judge_record', 'current_judgments', 'has_agent_view', 'judgeable', 'judge_model',
-           'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality', 'panel_behaviour', 'judge_summary',
-           'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event', 'purchased_asin', 'decisive_events',
-           'citation_check', 'agreement_figures', 'judge_agreement', 'truth_judgment', 'curator_agreement',
-           'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'run_agreement', 'write_agreement',
-           'model_dirs', 'run_judges']
+           'prompt_sha256', 'judge_record', 'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view',
+           'judgeable', 'judge_model', 'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality',
+           'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event',
+           'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
+           'truth_judgment', 'curator_agreement', 'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags',
+           'run_agreement', 'write_agreement', 'run_judges']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -482,9 +482,11 @@ def plant_sentinels(rec:dict, tag:str='SENTINEL') -> dict:
 class JudgmentError(ValueError):
     "A judge answer that fails validation."
 
+VERDICTS = ('met', 'unmet', 'unclear')  # a judge's word on one requirement
+
 class Verdict(BaseModel):
     model_config = ConfigDict(extra='forbid')
-    verdict: Literal['met', 'unmet', 'unclear']
+    verdict: Literal[VERDICTS]
     events: list[str]
 
 Score = Literal[0, 1, 2]
@@ -521,7 +523,7 @@ def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3) -> dict:
     "The JSON schema of a judgment for this rubric and episode: ids enumerated, 1 to `max_cited` citations, text bounded."
     obj = lambda req, **props: dict(type='object', additionalProperties=False, required=req, properties=props)
     cited = dict(type='array', items=dict(type='string', enum=events), minItems=1, maxItems=max_cited)
-    verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=['met', 'unmet', 'unclear']), events=cited)
+    verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=list(VERDICTS)), events=cited)
     ids = [r.id for r in rubric.requirements]
     return obj(['requirements', 'scores', 'error_category', 'summary'],
                requirements=obj(ids, **{k: verdict for k in ids}),
@@ -566,6 +568,17 @@ def current_judgments(model_dir, recs:dict, rubrics:dict[str, Rubric], max_token
         return j.get('prompt_sha256') == prompt_sha256(recs[k], rubrics[k], max_tokens)
     return {k: j for k, j in read_records(Path(model_dir)/'judgments.jsonl').items() if applies(k, j)}
 
+def trajectories(model_dir) -> dict:
+    "A model folder's trajectories by task id, from `trajectories.jsonl` or, as committed, `trajectories.jsonl.gz`."
+    p = Path(model_dir)/'trajectories.jsonl'
+    return read_records(p if p.exists() else p.with_name('trajectories.jsonl.gz'))
+
+def model_dirs(eval_dir, models:list[str]|None=None) -> list[Path]:
+    "The model folders to judge: `models`, or every folder of `eval_dir` holding trajectories."
+    eval_dir = Path(eval_dir)
+    if models: return [eval_dir/m for m in models]
+    return sorted({p.parent for p in eval_dir.glob('*/trajectories.jsonl*')})
+
 def has_agent_view(rec:dict) -> bool:
     "Whether a trajectory holds what the agent saw (version 2: messages and events)."
     return rec.get('version', 1) >= 2 and 'messages' in rec and 'events' in rec
@@ -584,7 +597,7 @@ def judge_model(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:En
     model_dir = Path(model_dir)
     path = model_dir/'judgments.jsonl'
     repair_tail(path)
-    recs = read_records(model_dir/'trajectories.jsonl')
+    recs = trajectories(model_dir)
     have = current_judgments(model_dir, recs, rubrics, max_tokens)
     todo = [r for r in judgeable(recs, tasks) if r['task_id'] not in have]
     failed, streak, stopped, new = {}, 0, None, Counter()
@@ -703,7 +716,7 @@ def judge_summary(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:
     model_dir = Path(model_dir)
     ids = [t.task_id for t in tasks]
     n = len(ids)
-    recs = {k: r for k, r in read_records(model_dir/'trajectories.jsonl').items() if k in set(ids)}
+    recs = {k: r for k, r in trajectories(model_dir).items() if k in set(ids)}
     js = current_judgments(model_dir, recs, rubrics, max_tokens)
     valid = {k: j['judgment'] for k, j in js.items() if j['status'] == 'judged'}
     run = run or {}
@@ -748,14 +761,14 @@ def requirement_truth(rec:dict, rubric:Rubric) -> dict[str, bool|None]:
     return {r.id: _all_met([source_truth(rec['reward_detail'], s) for s in r.sources]) for r in rubric.requirements}
 
 # %% ../nbs/08_judge.ipynb #636ab5c0
-VERDICTS = ('met', 'unmet', 'unclear')
-
 def cohen_kappa(counts:dict) -> tuple[float|None, str]:
     "Cohen's kappa of a table {(verdict, truth): n}, and '' or why it is undefined (then None)."
     n = sum(counts.values())
     if not n: return None, 'no verdict with a known truth'
     said, truth = Counter(), Counter()
-    for (v, t), c in counts.items(): said[v] += c; truth[t] += c
+    for (v, t), c in counts.items():
+        said[v] += c
+        truth[t] += c
     if len(classes := [t for t, c in truth.items() if c]) < 2:
         return None, f'the truth is {classes[0]} for every verdict: kappa cannot tell a judge from a constant'
     p_o = sum(c for (v, t), c in counts.items() if v == t) / n
@@ -828,7 +841,9 @@ def judge_agreement(judgments:dict, recs:dict, rubrics:dict[str, Rubric]) -> dic
         if (jj := _judgment(j)) is None or key not in recs: continue
         rec = recs[key]
         rub = rubrics[rec['task_id']]
-        if sorted(jj['requirements']) != sorted(r.id for r in rub.requirements): stale += 1; continue
+        if sorted(jj['requirements']) != sorted(r.id for r in rub.requirements):  # judged under another rubric
+            stale += 1
+            continue
         truth, decisive = requirement_truth(rec, rub), decisive_events(rec)
         for r in rub.requirements:
             v = jj['requirements'][r.id]
@@ -866,7 +881,9 @@ def curator_agreement(rubrics:dict[str, Rubric], tasks:list[Task]) -> dict:
         if what not in ('facts', 'covered', 'merged'):
             problems.append(dict(task_id=task_id, problem=what, source=source))
     for t in tasks:
-        if (rub := rubrics.get(t.task_id)) is None: no_rubric += 1; continue
+        if (rub := rubrics.get(t.task_id)) is None:
+            no_rubric += 1
+            continue
         cands = {c.id: c for c in candidates(t)}
         label = {s: r.label for r in rub.requirements for s in r.sources}
         heads = {r.sources[0] for r in rub.requirements if r.sources}
@@ -972,21 +989,14 @@ def calibration_flags(summaries:dict[str, dict], max_wrong_pass:float=MAX_WRONG_
     return out
 
 # %% ../nbs/08_judge.ipynb #cf4f5bba
-def _trajectories(model_dir:Path) -> dict:
-    "A model folder's trajectories by task id (plain or gzipped)."
-    p = model_dir/'trajectories.jsonl'
-    return read_records(p if p.exists() else model_dir/'trajectories.jsonl.gz')
-
 def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=None, models:list[str]|None=None,
                   max_tokens:int=4500) -> dict:
     "How far one judge run can be trusted: the judge per model and pooled, the curator, and the prompts."
     eval_dir = Path(eval_dir)
     rubrics = rubrics or read_rubrics(eval_dir/'rubrics.jsonl', tasks)
     per, pooled_js, pooled_recs, prompts, judges = {}, {}, {}, [], Counter()
-    dirs = [eval_dir/m for m in models] if models else \
-        sorted({p.parent for p in eval_dir.glob('*/trajectories.jsonl*')})
-    for d in dirs:
-        recs = _trajectories(d)
+    for d in model_dirs(eval_dir, models):
+        recs = trajectories(d)
         js = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens).items() if j['status'] == 'judged'}
         per[d.name] = judge_agreement(js, recs, rubrics)
         pooled_js |= {(d.name, k): j for k, j in js.items()}
@@ -1008,12 +1018,6 @@ def write_agreement(out_dir, agreement:dict, judge:str|None=None) -> Path:
     return path
 
 # %% ../nbs/08_judge.ipynb #12a41110
-def model_dirs(eval_dir, models:list[str]|None=None) -> list[Path]:
-    "The model folders to judge: `models`, or every folder of `eval_dir` holding trajectories."
-    eval_dir = Path(eval_dir)
-    if models: return [eval_dir/m for m in models]
-    return sorted(p.parent for p in eval_dir.glob('*/trajectories.jsonl'))
-
 def run_judges(eval_dir, tasks:list[Task], models:list[str]|None=None, curator:Endpoint|None=None,
                judge:Endpoint|None=None, workers:int=4, max_tokens:int=4500, n_judge:int|None=None,
                progress:bool=True) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['walk', 'answer_text', 'SchemaDecoder', 'LocalEndpoint']
+__all__ = ['walk', 'SchemaDecoder', 'LocalEndpoint']
 
 # %% ../nbs/08a_local_endpoint.ipynb #930d914a
 def walk(schema:dict|None):
@@ -50,23 +50,6 @@ def walk(schema:dict|None):
         yield ('free', schema.get('maxLength', 200))
         yield ('text', '"')
     else: raise ValueError(f"schema type {t!r} is not decoded by schema (object, enum, array of enum, boolean, string)")
-
-# %% ../nbs/08a_local_endpoint.ipynb #b273b23d
-def answer_text(schema, choose=lambda opts: 0, free=lambda n: 'x') -> str:
-    "The text `walk(schema)` writes when `choose` picks options and `free` writes free text (for tests)."
-    out, g, send = [], walk(schema), None
-    try:
-        while True:
-            step = g.send(send)
-            send = None
-            if step[0] == 'text': out.append(step[1])
-            elif step[0] == 'choose':
-                send = choose(step[1])
-                out.append(step[1][send])
-            else:
-                send = free(step[1] if len(step) > 1 else None)
-                out.append(send)
-    except StopIteration: return ''.join(out)
 
 # %% ../nbs/08a_local_endpoint.ipynb #369e2dd8
 @lru_cache(None)

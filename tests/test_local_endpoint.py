@@ -8,34 +8,28 @@ import pytest
 from shopping_grpo.judge import code_rubric, judge_model, read_records
 
 
-def folder(tmp_path, records):
+def judged(shop, oracle_records, tiny, tmp_path, n:int, workers:int, **endpoint):
+    "The oracle's first `n` benchmark episodes judged by a `LocalEndpoint`: the run's account, judgments, endpoint."
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    tasks = shop.tasks['eval'][:n]
     d = tmp_path/'model'
     d.mkdir()
-    (d/'trajectories.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
-    return d
+    (d/'trajectories.jsonl').write_text(''.join(json.dumps(oracle_records[t.task_id]) + '\n' for t in tasks))
+    ep = LocalEndpoint(tiny, device='cpu', max_free_tokens=6, **endpoint)
+    run = judge_model(d, tasks, {t.task_id: code_rubric(t) for t in tasks}, ep, workers=workers, progress=False)
+    ep.close()
+    return run, read_records(d/'judgments.jsonl'), ep
 
 
 def test_every_answer_is_a_valid_judgment(shop, oracle_records, tiny, tmp_path):
-    from shopping_grpo.local_endpoint import LocalEndpoint
-    tasks = shop.tasks['eval'][:6]
-    d = folder(tmp_path, [oracle_records[t.task_id] for t in tasks])
-    ep = LocalEndpoint(tiny, rows=3, max_context=8192, device='cpu', max_free_tokens=6)
-    run = judge_model(d, tasks, {t.task_id: code_rubric(t) for t in tasks}, ep, workers=6, progress=False)
-    ep.close()
-    js = read_records(d/'judgments.jsonl')
-    assert run['recorded'] == {'judged': 6} and set(js) == {t.task_id for t in tasks}
+    run, js, ep = judged(shop, oracle_records, tiny, tmp_path, 6, 6, rows=3, max_context=8192)
+    assert run['recorded'] == {'judged': 6} and set(js) == {t.task_id for t in shop.tasks['eval'][:6]}
     assert all(j['judge']['base_url'] == 'local' and j['attempts'] == 1 for j in js.values())
     assert ep.engine.calls > 0 and ep.engine.prompt_tokens > 6 * 500
 
 
 def test_a_prompt_that_does_not_fit_is_not_judged(shop, oracle_records, tiny, tmp_path):
-    from shopping_grpo.local_endpoint import LocalEndpoint
-    tasks = shop.tasks['eval'][:2]
-    d = folder(tmp_path, [oracle_records[t.task_id] for t in tasks])
-    ep = LocalEndpoint(tiny, rows=2, max_context=256, device='cpu', max_free_tokens=6)
-    run = judge_model(d, tasks, {t.task_id: code_rubric(t) for t in tasks}, ep, workers=2, progress=False)
-    ep.close()
-    js = read_records(d/'judgments.jsonl')
+    run, js, _ = judged(shop, oracle_records, tiny, tmp_path, 2, 2, rows=2, max_context=256)
     assert run['recorded'] == {'not_judged': 2}
     assert all(j['reason'].startswith('request refused') and 'does not fit' in j['reason'] for j in js.values())
 
@@ -51,7 +45,8 @@ def test_a_request_that_cannot_be_decoded_fails_alone(tiny):
     from shopping_grpo.local_endpoint import LocalEndpoint
     ep = LocalEndpoint(tiny, rows=2, max_context=1024, device='cpu', max_free_tokens=4)
     good = dict(type='object', properties=dict(ok=dict(type='boolean')))
-    empty = dict(type='object', properties=dict(events=dict(type='array', items=dict(type='string', enum=[]), minItems=1)))
+    nothing = dict(type='array', items=dict(type='string', enum=[]), minItems=1)
+    empty = dict(type='object', properties=dict(events=nothing))
     msgs = [dict(role='user', content='hi')]
     with ThreadPoolExecutor(2) as ex:
         bad, fine = ex.submit(ep.chat, msgs, empty), ex.submit(ep.chat, msgs, good)
