@@ -145,8 +145,9 @@ def scripted_policy(kind:str, shop:Shop, seed:int=0) -> ShopperPolicy:
 
 # %% ../nbs/07_evaluate.ipynb #8e7173c3
 @contextmanager
-def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None):
-    "The policy `spec` names and the extra arguments `evaluate` needs for it; a server it starts is stopped after."
+def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None, run_dir=None):
+    """The policy `spec` names and the extra arguments `evaluate` needs for it; a server it starts is stopped after
+    (and its pid file goes under `run_dir`, when given)."""
     k = spec.kind
     if k == 'custom': yield spec.policy, {}
     elif k in SCRIPTED: yield scripted_policy(k, shop, spec.seed), {}
@@ -154,7 +155,7 @@ def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None)
     elif k == 'openai': yield endpoint_policy(spec, lang), {}
     elif k == 'vllm':
         from shopping_grpo.model import VLLMServer
-        with VLLMServer(spec.path, name=spec.name) as srv:
+        with VLLMServer(spec.path, name=spec.name, run_dir=run_dir) as srv:
             yield endpoint_policy(replace(spec, path=srv.name, base_url=srv.base_url), lang), {}
     else: raise ValueError(f"unknown policy kind {k!r}")
 
@@ -504,7 +505,7 @@ def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int
     out, settings = Path(run_dir)/'eval'/eval_folder(spec.name, benchmark), eval_settings(spec, ident, shop, max_turns)
     prepare_folder(out, settings)
     t0 = time.time()
-    with open_policy(spec, shop, ident['lang'], device) as (pol, kw):
+    with open_policy(spec, shop, ident['lang'], device, run_dir) as (pol, kw):
         if why := endpoint_down(pol):
             warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
                           f"infrastructure_invalid (generation_error), counted as not judged, "

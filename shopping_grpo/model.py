@@ -4,7 +4,7 @@
 
 # %% ../nbs/03a_model.ipynb #932c569c
 from __future__ import annotations
-import fcntl, hashlib, importlib.util, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import fcntl, hashlib, importlib.util, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -14,10 +14,10 @@ from .records import sha256_file, package_versions, write_atomic  # standard lib
 # %% auto #0
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_GGUF', 'SMOLLM2_EOS', 'SMOLLM2_PAD', 'SMOLLM2_DIR', 'QWEN_PARTS', 'EMBEDDED_MODELS',
            'EMBEDDED_MODEL', 'GPU_MODEL', 'MATERIALIZE_RECIPE', 'CHECKPOINT_FILES', 'BUILD_PACKAGES', 'ASSEMBLE_SH',
-           'EmbeddedModel', 'embedded_model', 'shopping_grpo_home', 'chat_template_path', 'model_gguf',
+           'WATCHDOG', 'EmbeddedModel', 'embedded_model', 'shopping_grpo_home', 'chat_template_path', 'model_gguf',
            'materialized_ok', 'materialize_model', 'model_identity', 'load_tokenizer', 'PieceWriter', 'pack_offline',
            'vllm_python', 'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template', 'stop_group',
-           'VLLMServer']
+           'stop_stale', 'launch', 'VLLMServer']
 
 # %% ../nbs/03a_model.ipynb #0d4c8bab
 @dataclass(frozen=True)
@@ -437,12 +437,77 @@ def _group_gone(proc:subprocess.Popen, timeout:float) -> bool:
         time.sleep(0.1)
 
 def stop_group(proc:subprocess.Popen, timeout:float=30.0):
-    "Stop `proc`, started with `start_new_session=True`, and every process of its group: terminate, wait, then kill."
+    """Stop `proc`, started with `start_new_session=True`, and every process of its group: terminate, wait, then kill.
+    A server started by `launch` also loses its watchdog (which ends with the group) and its pid file."""
     _reap(proc)
     if proc.returncode is None: _signal_group(proc.pid, signal.SIGTERM)
     if not _group_gone(proc, timeout):
         _signal_group(proc.pid, signal.SIGKILL)
         _group_gone(proc, 5)
+    if (dog := getattr(proc, 'watchdog', None)) is not None and not _group_gone(dog, 5):
+        _signal_group(dog.pid, signal.SIGKILL)
+        _group_gone(dog, 5)
+    if (pidfile := getattr(proc, 'pidfile', None)) is not None: Path(pidfile).unlink(missing_ok=True)
+
+# %% ../nbs/03a_model.ipynb #8fdc3eec
+WATCHDOG = r'''import os, signal, sys, time
+starter, group, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try: os.killpg(group, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass
+    return True
+def send(sig):
+    try: os.killpg(group, sig)
+    except ProcessLookupError: pass
+while alive() and os.getppid() == starter: time.sleep(0.5)
+if alive():  # the starter ended first: its server goes too
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline: time.sleep(0.2)
+    send(signal.SIGKILL)
+'''
+
+def _start_ticks(pid:int) -> int|None:
+    "When process `pid` started (clock ticks since boot, from /proc): with the pid, it names one process for good."
+    try: stat = Path(f'/proc/{pid}/stat').read_text()
+    except OSError: return None
+    return int(stat[stat.rindex(')') + 2:].split()[19])
+
+# %% ../nbs/03a_model.ipynb #55d82d9e
+def stop_stale(pidfile, timeout:float=30.0) -> int|None:
+    "Stop the server group `pidfile` names if that very process still runs; remove the file. The pid stopped, or None."
+    pidfile = Path(pidfile)
+    try: rec = json.loads(pidfile.read_text())
+    except (OSError, ValueError): rec = {}
+    pid = rec.get('pid')
+    if not pid or rec.get('start') is None or _start_ticks(pid) != rec['start']:
+        pidfile.unlink(missing_ok=True)
+        return None
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _start_ticks(pid) == rec['start'] and time.monotonic() < deadline:
+        try: os.waitpid(pid, os.WNOHANG)  # our own child, if this process started it
+        except ChildProcessError: pass
+        time.sleep(0.1)
+    _signal_group(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    return pid
+
+def launch(cmd:list, pidfile=None, grace:float=10.0, **popen_kw) -> subprocess.Popen:
+    """Start the server `cmd` in its own process group, watched: when this process ends, however, the group is
+    terminated. `pidfile` (in a run folder): stop the stale server it names first, then record this one."""
+    if pidfile is not None: stop_stale(pidfile)
+    proc = subprocess.Popen([str(c) for c in cmd], start_new_session=True, **popen_kw)
+    proc.watchdog = subprocess.Popen([sys.executable, '-S', '-c', WATCHDOG, str(os.getpid()), str(proc.pid), str(grace)],
+                                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+    proc.pidfile = None if pidfile is None else Path(pidfile)
+    if pidfile is not None:
+        proc.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(proc.pidfile, json.dumps(dict(pid=proc.pid, start=_start_ticks(proc.pid), starter=os.getpid(),
+                                                   cmd=[str(c) for c in cmd])))
+    return proc
 
 # %% ../nbs/03a_model.ipynb #5e87bf07
 def _tail(path, n:int=4000) -> str:
@@ -450,7 +515,8 @@ def _tail(path, n:int=4000) -> str:
     except OSError: return ''
 
 class VLLMServer:
-    "vLLM's OpenAI-compatible server for `model` on 127.0.0.1, as a context manager; SIGTERM to us stops it too."
+    """vLLM's OpenAI-compatible server for `model` on 127.0.0.1, as a context manager; SIGTERM to us stops it too, and
+    it ends when we do, however (`launch`)."""
     def __init__(self, model=EMBEDDED_MODEL,  # an embedded model's name, a Hub id or a local checkpoint
                  name:str|None=None,           # served model name; default: `model` as given
                  port:int|None=None,           # default: a free port
@@ -460,6 +526,7 @@ class VLLMServer:
                  chat_template=None,           # default: `default_chat_template(model)`; False: the model's own
                  tool_call_parser:str|None='hermes',  # parses <tool_call>{...}</tool_call> into tool_calls
                  max_model_len:int=8192, kv_cache_gib:int=2,  # kv_cache_gib: the KV cache on CPU
+                 run_dir=None,                 # a run folder: the pid file <run_dir>/servers/<name>.pid
                  extra_args=(), env:dict|None=None, home=None, progress:bool=True):
         self.model, self.name = materialize_model(model, home), name or str(model)
         self.port, self.python = port, Path(python or vllm_python())
@@ -468,6 +535,8 @@ class VLLMServer:
         self.tool_call_parser, self.max_model_len, self.kv_cache_gib = tool_call_parser, max_model_len, kv_cache_gib
         self.extra_args, self.env, self.proc, self.start_s = list(extra_args), dict(env or {}), None, None
         self._on_sigterm = None  # (our handler, the one it replaced) while the server runs
+        safe = re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)
+        self.pidfile = None if run_dir is None else Path(run_dir)/'servers'/f'vllm-{safe}.pid'
 
     @property
     def base_url(self) -> str: return f'http://127.0.0.1:{self.port}/v1'
@@ -546,8 +615,8 @@ def start(self:VLLMServer) -> VLLMServer:
                            self.tool_call_parser, self.max_model_len, extra_args=self.extra_args)
         t0 = time.monotonic()
         with open(log, 'wb') as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                         start_new_session=True)
+            self.proc = launch(cmd, pidfile=self.pidfile, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env=env)
         self._guard_sigterm()
         desc = f'vLLM {"cuda" if cuda else "cpu"} :{self.port}'
         with tqdm(total=int(self.timeout), desc=desc, unit='s', disable=not self.progress) as bar:

@@ -1,6 +1,7 @@
 """Helpers and fakes shared by the test modules (imported as `_helpers`)."""
 from __future__ import annotations
-import copy, json
+import copy, json, sys
+from pathlib import Path
 
 N_PRODUCTS, SEED, TASK_SEED, LANG = 3000, 0, 1, 'en'   # the session shop (see conftest.py)
 SIZES = dict(sft=60, grpo_train=40, grpo_val=20, eval=40)
@@ -47,3 +48,26 @@ class ScriptedTokens:
             out.append(runs[0][1][c[len(p):].count(self.end_id) // 2])
         self.generated += sum(map(len, out))
         return out
+
+
+STAND_IN = """import http.server, json, subprocess, sys
+port, name = sys.argv[sys.argv.index('--port') + 1], sys.argv[sys.argv.index('--served-model-name') + 1]
+served = name if READY else 'not-yet'
+subprocess.Popen(['sleep', '300'])  # an engine process of the same group
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({'data': [{'id': served}]}).encode() if self.path == '/v1/models' else b'{}'
+        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(('127.0.0.1', int(port)), H).serve_forever()
+"""
+
+
+def stand_in_python(folder:Path, ready:bool=True) -> Path:
+    "A vLLM python stand-in: answers the CUDA probe with False and serves `--served-model-name` (or never does)."
+    (folder/'server.py').write_text(STAND_IN.replace('READY', str(ready)))
+    py = folder/'python'
+    py.write_text(f'#!/bin/sh\ncase "$*" in *torch.cuda*) echo False;; *) exec {sys.executable} {folder/"server.py"} "$@";; esac\n')
+    py.chmod(0o755)
+    return py

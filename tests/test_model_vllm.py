@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shopping_grpo.model import VLLMServer, materialize_model, vllm_python
+from _helpers import stand_in_python
 
 SEARCH = {'type': 'function', 'function': {'name': 'search', 'description': 'Search the shop for products.',
           'parameters': {'type': 'object', 'properties': {'query': {'type': 'string'}}, 'required': ['query']}}}
@@ -65,29 +66,6 @@ def test_vllm_serves_embedded_model_concurrently(tmp_path):
             assert isinstance(json.loads(call.function.arguments), dict)
     # <|im_end|> is the end of sequence: the greedy answer to a short question ends there, not at max_tokens
     assert replies[0].choices[0].finish_reason == 'stop' and 'Paris' in replies[0].choices[0].message.content
-
-
-STAND_IN = """import http.server, json, subprocess, sys
-port, name = sys.argv[sys.argv.index('--port') + 1], sys.argv[sys.argv.index('--served-model-name') + 1]
-served = name if READY else 'not-yet'
-subprocess.Popen(['sleep', '300'])  # an engine process of the same group
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps({'data': [{'id': served}]}).encode() if self.path == '/v1/models' else b'{}'
-        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a): pass
-http.server.HTTPServer(('127.0.0.1', int(port)), H).serve_forever()
-"""
-
-
-def stand_in_python(folder:Path, ready:bool=True) -> Path:
-    "A vLLM python stand-in: answers the CUDA probe with False and serves `--served-model-name` (or never does)."
-    (folder/'server.py').write_text(STAND_IN.replace('READY', str(ready)))
-    py = folder/'python'
-    py.write_text(f'#!/bin/sh\ncase "$*" in *torch.cuda*) echo False;; *) exec {sys.executable} {folder/"server.py"} "$@";; esac\n')
-    py.chmod(0o755)
-    return py
 
 
 def holder(tmp_path, ready:bool=True) -> subprocess.Popen:
