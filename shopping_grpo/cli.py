@@ -166,11 +166,11 @@ def pack_run(run_dir, out, piece_mb:float=15.0) -> dict:
     if not (run_dir/'pipeline.json').exists(): raise FileNotFoundError(f"{run_dir} is no run folder: it has no pipeline.json")
     if piece_mb <= 0: raise ValueError(f"piece_mb must be positive, not {piece_mb}")
     out.mkdir(parents=True, exist_ok=True)
-    if old := sorted(out.glob('run.tar.*')):
+    if old := sorted(out.glob('run.tgz.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     files = carried_files(run_dir)
-    stream = PieceWriter(out, 'run.tar', int(piece_mb*1e6))
-    with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar:
+    stream = PieceWriter(out, 'run.tgz', int(piece_mb*1e6))
+    with tarfile.open(fileobj=stream, mode='w|gz', format=tarfile.PAX_FORMAT) as tar:  # JSONL shrinks several times
         for rel in files: tar.add(run_dir/rel, arcname=str(rel), recursive=False)
     stream.close()
     man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), pieces=stream.pieces,
@@ -238,7 +238,7 @@ def unpack_run(pack, run_dir, merge:bool=True, progress:bool=True) -> dict:
     man = json.loads((pack/'RUN.json').read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f'.{run_dir.name}.unpack-') as tmp:
-        stream = _joined_stream(pack, man, Path(tmp)/'run.tar')
+        stream = _joined_stream(pack, man, Path(tmp)/'run.tgz')
         with tarfile.open(stream) as tar: tar.extractall(Path(tmp)/'files', filter='data')
         for f in man['files']:  # every file as RUN.json lists it, then moved in place
             src = Path(tmp)/'files'/f['path']

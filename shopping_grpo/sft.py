@@ -177,7 +177,9 @@ def tiny_model(out_dir, base='smollm2', layers:int=2, hidden:int=64, seed:int=0)
     cfg = AutoConfig.from_pretrained(src)
     # 2 query heads sharing 1 key/value head: attention is the CPU cost at these lengths
     cfg.update(dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=2,
-                    num_key_value_heads=1, head_dim=hidden // 2))
+                    num_key_value_heads=1, head_dim=hidden // 2,
+                    # a per-layer list (Qwen2's attention kinds) keeps as many entries as layers
+                    **({'layer_types': cfg.layer_types[:layers]} if getattr(cfg, 'layer_types', None) else {})))
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)

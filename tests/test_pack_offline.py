@@ -115,3 +115,43 @@ def test_a_file_given_for_an_embedded_model_must_be_that_model(tmp_path):
     with pytest.raises(ValueError, match='must be 491,400,064 bytes'):
         pack_offline(tmp_path/'out', [], 'qwen2.5-0.5b', tmp_path/'other.gguf', progress=False)
     assert not (tmp_path/'out').exists()
+
+
+@pytest.mark.slow
+def test_a_bundle_runs_the_first_stages_in_a_bare_environment(tmp_path):
+    """The whole path on this machine, as on a GPU host without network: a fresh virtualenv holding only torch and
+    transformers plays the host; its `pip freeze` is the host file; `pack-offline` resolves and downloads what it lacks
+    for its Python and platform; `assemble.sh` installs the pieces with no index; the first pipeline stages then run
+    from the checkout with nothing but the bundle beside the host's own packages."""
+    import platform, sysconfig, venv
+    host = tmp_path/'host'
+    venv.create(host, with_pip=True)
+    py = host/'bin'/'python'
+    pip = lambda *a: subprocess.run([str(py), '-m', 'pip', 'install', '-q', '--disable-pip-version-check', *a],
+                                    check=True, timeout=1800)
+    pip('torch==2.13.0')  # the CPU build on this machine's disk
+    pip('transformers==5.17.0')
+    freeze = tmp_path/'host-freeze.txt'
+    freeze.write_text(subprocess.run([str(py), '-m', 'pip', 'freeze'], capture_output=True, text=True, check=True).stdout)
+    glibc = platform.libc_ver()[1].split('.')
+    plat = f"{platform.machine()}-manylinux_{glibc[0]}_{glibc[1]}"
+    ver = f'{sys.version_info.major}.{sys.version_info.minor}'
+    r = CliRunner().invoke(app, ['pack-offline', str(tmp_path/'pack'), '--model', 'none', '--host-freeze', str(freeze),
+                                 '--python-version', ver, '--platform', plat, '--piece-mb', '40'])
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path/'pack'/'MANIFEST.json').read_text())
+    shipped = {w['file'].split('-')[0].lower() for w in man['wheels']}
+    assert {'papermill', 'ipykernel', 'polars', 'tantivy', 'trl'} <= shipped and 'torch' not in shipped
+    a = assemble(tmp_path/'pack', tmp_path/'site', tmp_path/'home')  # PYTHON is this interpreter: the same version
+    assert a.returncode == 0, a.stderr
+    root = Path(__file__).resolve().parent.parent
+    profile = tmp_path/'tiny.yaml'
+    profile.write_text("n_products: 3000\nseed: 0\ntask_seed: 1\nlang: en\n"
+                       "split_sizes: {sft: 60, grpo_train: 40, grpo_val: 20, eval: 40}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ('VIRTUAL_ENV', 'PYTHONHOME')}
+    env.update(PYTHONPATH=f"{root}:{tmp_path/'site'}", SHOPPING_GRPO_HOME=str(tmp_path/'home'))
+    cmd = [str(py), '-c', "import sys; from shopping_grpo.cli import app; sys.argv[0] = 'shopping-grpo'; app()",
+           'pipeline', '--profile', str(profile), '--run', str(tmp_path/'run'), '--stages', '00_env,01_tasks']
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert set(json.loads((tmp_path/'run'/'pipeline.json').read_text())) == {'00_env', '01_tasks'}
