@@ -16,22 +16,9 @@ from .shop import Shop, prepare_shop
 from .reward import RewardDetail, score_episode
 
 # %% auto #0
-__all__ = ['OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_ID', 'ROW_ID_BASE', 'PRODUCT_FIELDS', 'ACTIONS', 'REWARD_FIELDS',
+__all__ = ['PRODUCT_ID', 'ROW_ID_BASE', 'OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'REWARD_FIELDS',
            'WireIds', 'to_v2', 'ShopProtocolError', 'from_v2', 'ShopError', 'Lease', 'ShopService', 'page_v2',
            'make_app', 'ShopClient', 'RemoteShopEnv', 'reward_from_wire', 'serve']
-
-# %% ../nbs/02a_server.ipynb #5d0dd76f
-OBSERVATION_V2 = 'shopping-observation-v2'
-HIDDEN_FIELDS = ('goal', 'reward', 'reward_detail', 'target_asin', 'answer')  # never on a page the agent reads
-
-def _attribute_list(key:str) -> list[str]:
-    "A results row's key attributes as v2's list (at most 10)."
-    return key.split('; ')[:10] if key else []
-
-def _v2_product(p:dict, product_id:str) -> dict:
-    "v2's `product` of a product or sub-page, from its catalog row and its id on the wire."
-    return dict(asin=product_id, title=p['title'], brand=p['brand'], category=p['category_name'], price=p['price'],
-                key_attributes=_attribute_list(result_row(0, p)['key_attributes']))
 
 # %% ../nbs/02a_server.ipynb #8620fdcc
 PRODUCT_ID = re.compile(r'\d{8,12}')  # ShopSimulator's product id
@@ -58,7 +45,8 @@ class WireIds:
         "The catalog's id of an id on the wire; None when no product of the catalog has it."
         if self.kept: return product_id if product_id in self.catalog else None
         row = int(product_id) - ROW_ID_BASE if PRODUCT_ID.fullmatch(product_id) else -1
-        return self.catalog.asins[row] if 0 <= row < len(self.catalog) and self.wire(self.catalog.asins[row]) == product_id else None
+        if not 0 <= row < len(self.catalog): return None
+        return self.catalog.asins[row] if str(ROW_ID_BASE + row) == product_id else None  # no leading zero
 
 # %% ../nbs/02a_server.ipynb #bb9d69a5
 def _page_asins(state:dict) -> list[str]:
@@ -92,6 +80,19 @@ def click(self:WireIds, action:str, table:dict) -> str:
     hit = table.get(arg) or {k.lower(): v for k, v in table.items()}.get(arg.lower())
     return f'click[{hit}]' if verb == 'click' and hit else action
 
+# %% ../nbs/02a_server.ipynb #5d0dd76f
+OBSERVATION_V2 = 'shopping-observation-v2'
+HIDDEN_FIELDS = ('goal', 'reward', 'reward_detail', 'target_asin', 'answer')  # never on a page the agent reads
+
+def _attribute_list(key:str) -> list[str]:
+    "A results row's key attributes as v2's list (at most 10)."
+    return key.split('; ')[:10] if key else []
+
+def _v2_product(p:dict, product_id:str) -> dict:
+    "v2's `product` of a product or sub-page, from its catalog row and its id on the wire."
+    return dict(asin=product_id, title=p['title'], brand=p['brand'], category=p['category_name'], price=p['price'],
+                key_attributes=_attribute_list(result_row(0, p)['key_attributes']))
+
 # %% ../nbs/02a_server.ipynb #42461208
 def _v2_options(detail:dict) -> dict:
     "v2's option fields of a product page state (`detail_state`)."
@@ -100,7 +101,7 @@ def _v2_options(detail:dict) -> dict:
                 available_options={o['name']: list(o['values']) for o in opts}, selected_price=detail['price'])
 
 def to_v2(state:dict, catalog:Catalog, chosen:dict|None=None) -> dict:
-    "Our page `state` as observation v2 with the wire's product ids (`chosen`: a sub-page's options, axis key -> value key)."
+    "Our page `state` as observation v2, with the wire's product ids (`chosen`: a sub-page's options, axis -> value key)."
     t, w = state['page_type'], WireIds.of(catalog).to_wire(state)
     v2 = dict(observation_version=OBSERVATION_V2, page_type=t, search_available=state['search_available'],
               actions=list(w['clickables']))
