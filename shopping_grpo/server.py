@@ -4,20 +4,81 @@
 
 # %% ../nbs/02a_server.ipynb #22d46e95
 from __future__ import annotations
-import json, threading, time
+import json, re, threading, time, weakref
 from fastcore.basics import patch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from dataclasses import dataclass, fields
 from .env import (ShopEnv, Catalog, InvalidAction, ShopFault, EpisodeLog, StepResult, render_state,
-                               result_row, detail_state, query_terms, STATE_VERSION, PAGE_TYPES, NAV)
+                               result_row, detail_state, query_terms, parse_action, STATE_VERSION, PAGE_TYPES,
+                               NAV, PAGE_SIZE)
 from .shop import Shop, prepare_shop
 from .reward import RewardDetail, score_episode
 
 # %% auto #0
-__all__ = ['OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'REWARD_FIELDS', 'to_v2', 'ShopProtocolError',
-           'from_v2', 'ShopError', 'Lease', 'ShopService', 'page_v2', 'make_app', 'ShopClient', 'RemoteShopEnv',
-           'reward_from_wire', 'serve']
+__all__ = ['PRODUCT_ID', 'ROW_ID_BASE', 'OBSERVATION_V2', 'HIDDEN_FIELDS', 'PRODUCT_FIELDS', 'ACTIONS', 'REWARD_FIELDS',
+           'WireIds', 'to_v2', 'ShopProtocolError', 'from_v2', 'ShopError', 'Lease', 'ShopService', 'page_v2',
+           'make_app', 'ShopClient', 'RemoteShopEnv', 'reward_from_wire', 'serve']
+
+# %% ../nbs/02a_server.ipynb #8620fdcc
+PRODUCT_ID = re.compile(r'\d{8,12}')  # ShopSimulator's product id
+ROW_ID_BASE = 10**9                    # a catalog row's id on the wire: ROW_ID_BASE + row, ten digits
+_WIRE_IDS = weakref.WeakKeyDictionary()
+
+class WireIds:
+    "The one-to-one map between a catalog's product ids (`asin`) and ShopSimulator's product ids on the wire."
+    def __init__(self, catalog:Catalog):
+        self.catalog = catalog
+        self.kept = all(PRODUCT_ID.fullmatch(a) for a in catalog.asins)  # a ShopSimulator catalog keeps its ids
+
+    @classmethod
+    def of(cls, catalog:Catalog) -> WireIds:
+        "The map of `catalog`, built once."
+        if catalog not in _WIRE_IDS: _WIRE_IDS[catalog] = cls(catalog)
+        return _WIRE_IDS[catalog]
+
+    def wire(self, asin:str) -> str:
+        "The id on the wire of a product of the catalog."
+        return asin if self.kept else str(ROW_ID_BASE + self.catalog.row_of(asin))
+
+    def asin(self, product_id:str) -> str|None:
+        "The catalog's id of an id on the wire; None when no product of the catalog has it."
+        if self.kept: return product_id if product_id in self.catalog else None
+        row = int(product_id) - ROW_ID_BASE if PRODUCT_ID.fullmatch(product_id) else -1
+        if not 0 <= row < len(self.catalog): return None
+        return self.catalog.asins[row] if str(ROW_ID_BASE + row) == product_id else None  # no leading zero
+
+# %% ../nbs/02a_server.ipynb #bb9d69a5
+def _page_asins(state:dict) -> list[str]:
+    "The products a page state shows: its result rows, or the product of a product page or sub-page."
+    return [r['asin'] for r in state.get('results') or []] + ([state['asin']] if state.get('asin') else [])
+
+def _swap_words(text:str, table:dict) -> str:
+    "`text` with every word (a run of letters and digits) found in `table` replaced by its value."
+    return re.sub(r'[0-9A-Za-z]+', lambda m: table.get(m.group(0), m.group(0)), text) if table else text
+
+@patch
+def table(self:WireIds, state:dict, to_wire:bool=True) -> dict:
+    "The page's products, catalog id -> wire id (or wire id -> catalog id): the only ids its text and clicks hold."
+    pairs = [(a, self.wire(a)) for a in _page_asins(state)]
+    return dict(pairs) if to_wire else {w: a for a, w in pairs}
+
+@patch
+def to_wire(self:WireIds, state:dict) -> dict:
+    "A copy of a page state (catalog ids) with the wire's product ids."
+    t, s = self.table(state), dict(state)
+    if s.get('results') is not None: s['results'] = [dict(r, asin=t[r['asin']]) for r in s['results']]
+    if s.get('asin'): s['asin'] = t[s['asin']]
+    s['clickables'] = [t.get(c, c) for c in s['clickables']]
+    return s
+
+@patch
+def click(self:WireIds, action:str, table:dict) -> str:
+    "`click[<id>]` of a product in `table` as `click[<its other id>]`; any other action as it is."
+    try: verb, arg = parse_action(action)
+    except InvalidAction: return action  # the shop refuses it with its own message
+    hit = table.get(arg) or {k.lower(): v for k, v in table.items()}.get(arg.lower())
+    return f'click[{hit}]' if verb == 'click' and hit else action
 
 # %% ../nbs/02a_server.ipynb #5d0dd76f
 OBSERVATION_V2 = 'shopping-observation-v2'
@@ -27,9 +88,9 @@ def _attribute_list(key:str) -> list[str]:
     "A results row's key attributes as v2's list (at most 10)."
     return key.split('; ')[:10] if key else []
 
-def _v2_product(p:dict) -> dict:
-    "v2's `product` of a product or sub-page, from its catalog row."
-    return dict(asin=p['asin'], title=p['title'], brand=p['brand'], category=p['category_name'], price=p['price'],
+def _v2_product(p:dict, product_id:str) -> dict:
+    "v2's `product` of a product or sub-page, from its catalog row and its id on the wire."
+    return dict(asin=product_id, title=p['title'], brand=p['brand'], category=p['category_name'], price=p['price'],
                 key_attributes=_attribute_list(result_row(0, p)['key_attributes']))
 
 # %% ../nbs/02a_server.ipynb #42461208
@@ -40,12 +101,12 @@ def _v2_options(detail:dict) -> dict:
                 available_options={o['name']: list(o['values']) for o in opts}, selected_price=detail['price'])
 
 def to_v2(state:dict, catalog:Catalog, chosen:dict|None=None) -> dict:
-    "Our page `state` as observation v2 (`chosen`: a sub-page's product options, axis key -> value key)."
-    t = state['page_type']
+    "Our page `state` as observation v2, with the wire's product ids (`chosen`: a sub-page's options, axis -> value key)."
+    t, w = state['page_type'], WireIds.of(catalog).to_wire(state)
     v2 = dict(observation_version=OBSERVATION_V2, page_type=t, search_available=state['search_available'],
-              actions=list(state['clickables']))
+              actions=list(w['clickables']))
     if t == 'search_results':
-        rows = state['results']
+        rows = w['results']
         products = [dict(rank=r['rank'], asin=r['asin'], title=r['title'], brand=r['brand'], category=r['category'],
                          price=r['price'], key_attributes=_attribute_list(r['key_attributes'])) for r in rows]
         v2.update(query=state['query'], normalized_query=query_terms(state['query'], catalog.lang),
@@ -53,11 +114,12 @@ def to_v2(state:dict, catalog:Catalog, chosen:dict|None=None) -> dict:
                   rank_start=rows[0]['rank'] if rows else 0, rank_end=rows[-1]['rank'] if rows else 0,
                   products=products)
     elif t == 'product_detail':
-        v2.update(product=_v2_product(catalog.by_asin(state['asin'])), **_v2_options(state), rating=state['rating'])
+        v2.update(product=_v2_product(catalog.by_asin(state['asin']), w['asin']), **_v2_options(state),
+                  rating=state['rating'])
     elif t == 'information_subpage':
         p = catalog.by_asin(state['asin'])
-        v2.update(product=_v2_product(p), **_v2_options(detail_state(p, chosen or {})), subpage=state['section'],
-                  content=list(state['content']))
+        v2.update(product=_v2_product(p, w['asin']), **_v2_options(detail_state(p, chosen or {})),
+                  subpage=state['section'], content=list(state['content']))
     elif t == 'terminal' and 'message' in state: v2['message'] = state['message']
     v2.update({k: state[k] for k in ('step', 'max_steps') if k in state})
     return v2
@@ -89,18 +151,24 @@ def _product(p, where:str) -> dict:
     "A checked v2 product (a results row or a page's `product`)."
     if not isinstance(p, dict): raise ShopProtocolError(where.rstrip('.'), "must be an object")
     for k, kind in PRODUCT_FIELDS.items(): _need(p, k, kind, where)
+    if not PRODUCT_ID.fullmatch(p['asin']):
+        raise ShopProtocolError(where + 'asin', f"is {p['asin'][:40]!r}, not a product id of 8 to 12 digits")
     _strings(p['key_attributes'], where + 'key_attributes')
     return p
 
 def _results_from_v2(v2:dict, actions:list) -> dict:
     for k, kind in dict(query=str, normalized_query=str, page=int, total_pages=int, total_results=int,
                         rank_start=int, rank_end=int, products=list).items(): _need(v2, k, kind)
+    if len(v2['products']) > PAGE_SIZE:
+        raise ShopProtocolError('products', f"holds {len(v2['products'])} products; a page shows at most {PAGE_SIZE}")
     rows = []
     for i, p in enumerate(v2['products']):
         p = _product(p, f'products[{i}].')
         _need(p, 'rank', int, f'products[{i}].')
         if p['asin'] not in actions:
             raise ShopProtocolError(f'products[{i}].asin', f"{p['asin']!r} is not among actions")
+        if p['asin'] in {r['asin'] for r in rows}:
+            raise ShopProtocolError(f'products[{i}].asin', f"{p['asin']!r} is shown twice on the page")
         rows.append(dict(rank=p['rank'], asin=p['asin'], price=p['price'], brand=p['brand'], category=p['category'],
                          key_attributes='; '.join(p['key_attributes']), title=p['title']))
     shown = {r['asin'] for r in rows}
@@ -127,8 +195,30 @@ def _product_from_v2(v2:dict, t:str, actions:list) -> dict:
                 price=v2.get('selected_price', p['price']), rating=v2.get('rating'), options=options)
 
 # %% ../nbs/02a_server.ipynb #f4683366
-def from_v2(v2) -> dict:
-    "A v2 page as the state the agent layer reads; a page that breaks v2 raises `ShopProtocolError`."
+def _no_stray_ids(v2:dict, t:str, actions:list):
+    "A page without products (all but results) may hold no product id among `actions`, unless it is an option value."
+    offered = v2.get('available_options') if isinstance(v2.get('available_options'), dict) else {}
+    values = {v for vs in offered.values() if isinstance(vs, list) for v in vs}
+    if stray := [a for a in actions if PRODUCT_ID.fullmatch(a) and a not in values]:
+        raise ShopProtocolError('actions', f"holds product id {stray[0]!r}, but a {t} page lists no products to click")
+
+def _from_wire(s:dict, ids:WireIds) -> dict:
+    "A page read from the wire with the catalog's product ids; an id that no product of the catalog has is refused."
+    back = {}
+    for i, r in enumerate(s.get('results') or []):
+        back[r['asin']] = ids.asin(r['asin']) or _unknown(f'products[{i}].asin', r['asin'])
+    if s.get('asin'): back[s['asin']] = ids.asin(s['asin']) or _unknown('product.asin', s['asin'])
+    s = dict(s, clickables=[back.get(c, c) for c in s['clickables']])
+    if s.get('results') is not None: s['results'] = [dict(r, asin=back[r['asin']]) for r in s['results']]
+    if s.get('asin'): s['asin'] = back[s['asin']]
+    return s
+
+def _unknown(field:str, product_id:str):
+    raise ShopProtocolError(field, f"{product_id!r} is no product of the catalog this client holds")
+
+def from_v2(v2, ids:WireIds|None=None) -> dict:
+    """A v2 page as the state the agent layer reads, checked as a ShopSimulator client checks it (a page that breaks
+    v2 raises `ShopProtocolError`); with `ids`, its product ids are read back into the catalog's."""
     if not isinstance(v2, dict):
         raise ShopProtocolError('observation_state', f"is a {type(v2).__name__}, not an object")
     version = _need(v2, 'observation_version', str)
@@ -144,8 +234,9 @@ def from_v2(v2) -> dict:
     if t == 'search_results': s.update(_results_from_v2(v2, actions))
     elif t in ('product_detail', 'information_subpage'): s.update(_product_from_v2(v2, t, actions))
     elif t == 'terminal' and isinstance(v2.get('message'), str): s['message'] = v2['message']
+    if t != 'search_results': _no_stray_ids(v2, t, actions)
     s.update({k: v2[k] for k in ('step', 'max_steps') if isinstance(v2.get(k), int)})
-    return s
+    return _from_wire(s, ids) if ids else s
 
 # %% ../nbs/02a_server.ipynb #0f6c07ec
 class ShopError(ShopFault):
@@ -182,7 +273,8 @@ def page_v2(env:ShopEnv) -> dict:
     return to_v2(s, env.catalog, env.selected.get(s.get('asin'), {}))
 
 def _answer(r, lease:Lease) -> dict:
-    out = dict(done=r.done, reward=r.reward, instruction=r.text, observation_state=page_v2(lease.env), env_idx=None)
+    text = render_state(WireIds.of(lease.env.catalog).to_wire(r.state))
+    out = dict(done=r.done, reward=r.reward, instruction=text, observation_state=page_v2(lease.env), env_idx=None)
     if r.done:
         out.update(reward_detail=r.detail, termination_reason=r.detail['termination_reason'],
                    reward_valid=r.detail['reward_valid'])
@@ -210,8 +302,8 @@ def _reset(self:ShopService, body:dict) -> dict:
     i = self.next_idx
     self.next_idx += 1
     self.leases[i] = Lease(env, task.task_id, time.time())
-    return dict(env_idx=i, task_id=task.task_id, instruction=task.instruction, observation=render_state(state),
-                observation_state=page_v2(env))
+    return dict(env_idx=i, task_id=task.task_id, instruction=task.instruction,
+                observation=render_state(WireIds.of(env.catalog).to_wire(state)), observation_state=page_v2(env))
 
 # %% ../nbs/02a_server.ipynb #758f71f9
 @patch
@@ -220,8 +312,9 @@ def _interact(self:ShopService, body:dict) -> dict:
     if not isinstance(body.get('response'), str):
         raise ShopError("interact needs 'response': a text action such as search[...] or click[...]")
     lease.last_used = time.time()
-    try: r = lease.env.step(body['response'])
-    except InvalidAction as e: raise ShopError(str(e), 400)
+    ids, state = WireIds.of(lease.env.catalog), lease.env.state
+    try: r = lease.env.step(ids.click(body['response'], ids.table(state, to_wire=False)))
+    except InvalidAction as e: raise ShopError(_swap_words(str(e), ids.table(state)), 400)
     return {**_answer(r, lease), 'env_idx': i}
 
 @patch
@@ -309,8 +402,8 @@ class ShopClient:
 # %% ../nbs/02a_server.ipynb #c682391d
 class RemoteShopEnv:
     "The `ShopEnv` surface over HTTP: reset/step/abort against a ShopSimulator-protocol server."
-    def __init__(self, client, max_steps:int=35):
-        self.client, self.max_steps, self.done = client, max_steps, True
+    def __init__(self, client, max_steps:int=35, ids:WireIds|None=None):
+        self.client, self.max_steps, self.ids, self.done = client, max_steps, ids, True
         self.reward, self.env_idx, self.log, self.state = None, None, EpisodeLog(), None
     def reset(self, instruction:str, task:Task) -> dict:
         r = self.client.reset(task.task_id)
@@ -323,7 +416,7 @@ class RemoteShopEnv:
     def _page(self, answer:dict, step:int) -> dict:
         "The answer's page read with `from_v2`; a server that does not send our step counter gets ours."
         if 'observation_state' not in answer: raise ShopProtocolError('observation_state', "is missing from the answer")
-        return {'step': step, 'max_steps': self.max_steps, **from_v2(answer['observation_state'])}
+        return {'step': step, 'max_steps': self.max_steps, **from_v2(answer['observation_state'], self.ids)}
 
 # %% ../nbs/02a_server.ipynb #52184c3f
 REWARD_FIELDS = ('reward', 'outcome', 'reward_valid', 'termination_reason')
@@ -343,9 +436,10 @@ def reward_from_wire(answer:dict) -> RewardDetail:
 @patch
 def step(self:RemoteShopEnv, action:str):
     "One text action on the server; a refused action raises `InvalidAction` as in-process."
-    try: r = self.client.interact(self.env_idx, action)
+    table = self.ids.table(self.state) if self.ids else {}
+    try: r = self.client.interact(self.env_idx, self.ids.click(action, table) if self.ids else action)
     except ShopError as e:
-        if e.status == 400: raise InvalidAction(str(e)) from None
+        if e.status == 400: raise InvalidAction(_swap_words(str(e), {w: a for a, w in table.items()})) from None
         raise
     state = self._page(r, self.log.steps + 1)  # a page that breaks v2 raises before the episode changes
     if not isinstance(r.get('done'), bool): raise ShopProtocolError('done', "must be true or false")

@@ -97,7 +97,7 @@ class ReplyError:
     kind: str  # 'empty' | 'malformed' | 'no_call' | 'truncated'
     message: str
 
-_ASIN = re.compile(r'^[A-Z0-9]{10}$')
+_ASIN = re.compile(r'^(?:[A-Z0-9]{10}|\d{8,12})$')  # the catalog's id, or ShopSimulator's 8 to 12 digits
 
 def from_text_action(verb:str, arg:str) -> ToolCall:
     "A WebShop text action as a tool call."

@@ -37,14 +37,14 @@ def test_base_model_episodes_over_http(served_shop):
     from shopping_grpo.model import VLLMServer
     from shopping_grpo.server import ShopClient
     from shopping_grpo.policies import OpenAIChatPolicy
-    from shopping_grpo.server import RemoteShopEnv
+    from shopping_grpo.server import RemoteShopEnv, WireIds
     from shopping_grpo.evaluate import evaluate
     from shopping_grpo.records import read_records
     shop, url = served_shop; client = ShopClient(url); tasks = shop.tasks['eval'][:3]
     with VLLMServer('smollm2', name='smollm2-test', extra_args=['--enforce-eager']) as llm:
         pol = OpenAIChatPolicy(model=llm.name, base_url=llm.base_url, max_tokens=96, name='base')
         out = Path(shop.catalog.sha256[:8]); import tempfile; out = Path(tempfile.mkdtemp())/'base'
-        s = evaluate(shop, tasks, pol, out, workers=3, max_turns=4, make_env=lambda m: RemoteShopEnv(client, m), progress=False)
+        s = evaluate(shop, tasks, pol, out, workers=3, max_turns=4, make_env=lambda m: RemoteShopEnv(client, m, WireIds.of(shop.catalog)), progress=False)
     recs = read_records(out/'trajectories.jsonl')
     assert set(recs) == {t.task_id for t in tasks} and s['n_tasks'] == 3 and s['n_episodes'] == 3
     assert pol.completion_tokens > 0

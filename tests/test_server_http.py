@@ -4,7 +4,7 @@ The servers serve the session shop's run folder (3000 products, seed 0, its own 
 always stopped by their own pid.  Requests that once crashed a handler keep their regression tests below.
 """
 from __future__ import annotations
-import inspect, os, socket, subprocess, sys, threading, time
+import inspect, os, re, socket, subprocess, sys, threading, time
 from pathlib import Path
 import httpx
 import pytest
@@ -166,13 +166,18 @@ def test_health_and_tasks(http):
 # ---------------------------------------------------------------- refused requests
 
 def _session(http, shop, oracle_records):
-    "A session of eval task 0 standing on its target's product page; the actions that got it there."
-    task = shop.tasks['eval'][0]
+    """A session of eval task 0 standing on its target's product page; the actions that got it there (in-process: the
+    catalog's ids; sent to the server: the wire's, as a ShopSimulator client sends them)."""
+    from shopping_grpo.server import WireIds
+    ids, task = WireIds.of(shop.catalog), shop.tasks['eval'][0]
     acts = [s['action'] for s in oracle_records[task.task_id]['steps']]
     prefix = acts[:next(i for i, a in enumerate(acts) if a == f'click[{task.facts.target_asin}]') + 1]
     res = ok(post(http, dict(action='reset', idx=task.task_id)))
-    for a in prefix: last = ok(post(http, dict(action='interact', env_idx=res['env_idx'], response=a)))
+    for a in prefix:
+        sent = re.sub(r'B[0-9A-Z]{9}', lambda m: ids.wire(m.group(0)) if m.group(0) in shop.catalog else m.group(0), a)
+        last = ok(post(http, dict(action='interact', env_idx=res['env_idx'], response=sent)))
     assert last['observation_state']['page_type'] == 'product_detail'
+    assert last['observation_state']['product']['asin'] == ids.wire(task.facts.target_asin)
     return task, res['env_idx'], prefix, last
 
 
