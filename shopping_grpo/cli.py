@@ -401,3 +401,6 @@ def pack_offline_command(
 # %% ../nbs/99_cli.ipynb #77aad76c
 from .verl_loop import verl_train
 app.command('verl-train')(verl_train)
+
+# %% ../nbs/99_cli.ipynb #dc8361e2
+if __name__ == '__main__': app()
