@@ -135,7 +135,8 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
                f'results: {run_dir/"eval"}' + (f'; report: {report}' if report.exists() else ''))
 
 # %% ../nbs/99_cli.ipynb #7ce08859
-RUN_REMADE = ('catalog',)  # folders of a run the next machine makes again from the seed
+# folders of a run the next machine makes again: the catalog from the seed, the notebooks' scratch models when they run
+RUN_REMADE = ('catalog', 'tiny-model', 'sft-nonfinite')
 
 def _step(ck:Path) -> int:
     tail = ck.name.rsplit('-', 1)[-1]
