@@ -1,0 +1,81 @@
+"""A run carried to another machine (`pack-run`, `unpack-run`): merged checkpoints come back from their adapters with
+the same weights, a GRPO model merged onto the run's own SFT model is remade after it, and the pipeline on the new
+machine skips every stage the ledger records."""
+from __future__ import annotations
+import json, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+from typer.testing import CliRunner
+
+from shopping_grpo.cli import app, pack_run, unpack_run, carried_files
+
+
+def adapter(base:str, out:Path, seed:int) -> Path:
+    "A LoRA adapter on `base` with random (non-zero) weights, saved under `out`."
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    m = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                       LoraConfig(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj'], init_lora_weights=False))
+    m.save_pretrained(out)
+    return out
+
+
+def weights(path:Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(next(path.glob('*.safetensors'))))
+
+
+@pytest.fixture
+def trained_run(tmp_path, tiny):
+    "A run folder holding an SFT adapter merged onto the tiny base and a GRPO adapter merged onto that SFT model."
+    from shopping_grpo.sft import merge_lora
+    run = tmp_path/'machine-a'/'run'
+    (run/'notebooks').mkdir(parents=True)
+    (run/'pipeline.json').write_text('{}')
+    merge_lora(tiny, adapter(tiny, run/'sft'/'adapter', 1), run/'sft'/'merged')
+    merge_lora(str(run/'sft'/'merged'), adapter(str(run/'sft'/'merged'), run/'grpo'/'adapter', 2), run/'grpo'/'merged')
+    return run
+
+
+def test_merged_checkpoints_are_remade_in_order_with_the_same_weights(trained_run, tmp_path):
+    files = [str(p) for p in carried_files(trained_run)]
+    assert 'sft/merged/merged.json' in files and not any(f.endswith('.safetensors') and '/merged/' in f for f in files)
+    man = pack_run(trained_run, tmp_path/'pack', piece_mb=0.005)
+    assert len(man['pieces']) >= 2  # the adapters do not fit one piece
+    back = unpack_run(tmp_path/'pack', tmp_path/'machine-b'/'run', progress=False)
+    new = tmp_path/'machine-b'/'run'
+    assert back['merged'] == [str(new/'sft'/'merged'), str(new/'grpo'/'merged')]  # the SFT base first
+    for m in ('sft', 'grpo'):
+        a, b = weights(trained_run/m/'merged'), weights(new/m/'merged')
+        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), m
+    assert json.loads((new/'grpo'/'merged'/'merged.json').read_text())['base'] == str(new/'sft'/'merged')
+
+
+def test_an_adapter_that_is_not_the_merged_ones_is_refused(trained_run, tmp_path):
+    (trained_run/'grpo'/'adapter'/'adapter_model.safetensors').write_bytes(b'not the adapter')
+    pack_run(trained_run, tmp_path/'pack', piece_mb=0.005)
+    with pytest.raises(ValueError, match='is not the adapter'):
+        unpack_run(tmp_path/'pack', tmp_path/'machine-b'/'run', progress=False)
+
+
+def test_a_missing_piece_changes_nothing(trained_run, tmp_path):
+    man = pack_run(trained_run, tmp_path/'pack', piece_mb=0.005)
+    (tmp_path/'pack'/man['pieces'][-1]['name']).unlink()
+    with pytest.raises(FileNotFoundError, match='send it again'):
+        unpack_run(tmp_path/'pack', tmp_path/'machine-b'/'run', progress=False)
+    assert not any((tmp_path/'machine-b'/'run').iterdir())
+
+
+def test_the_pipeline_on_the_next_machine_skips_what_the_ledger_records(tmp_path):
+    "A stage run on one machine, carried by pack-run/unpack-run to a run folder elsewhere, is skipped there."
+    profile = tmp_path/'tiny.yaml'
+    profile.write_text('n_products: 3000\nseed: 0\nlang: en\n')
+    first = CliRunner().invoke(app, ['pipeline', '--profile', str(profile), '--run', str(tmp_path/'a'), '--stages', '00_env'])
+    assert first.exit_code == 0, first.output
+    assert CliRunner().invoke(app, ['pack-run', str(tmp_path/'a'), str(tmp_path/'pack')]).exit_code == 0
+    assert CliRunner().invoke(app, ['unpack-run', str(tmp_path/'pack'), str(tmp_path/'b')]).exit_code == 0
+    assert not (tmp_path/'b'/'catalog').exists()  # remade from the seed by the stages that need it
+    again = CliRunner().invoke(app, ['pipeline', '--profile', str(profile), '--run', str(tmp_path/'b'), '--stages', '00_env'])
+    assert again.exit_code == 0 and '00_env] unchanged since' in again.output, again.output
