@@ -38,13 +38,14 @@ def serve_env(host:str=typer.Option('127.0.0.1', help='address to bind; 127.0.0.
 
 # %% ../nbs/99_cli.ipynb #91372a59
 def load_profile(name:str) -> dict:
-    "The parameters of profile `name` (a file in `profiles/`, or a path)."
+    "The parameters of profile `name` (a file in `profiles/`, or a path); `base: other` takes other's and overrides them."
     import yaml
     p = Path(name) if Path(name).suffix else ROOT/'profiles'/f'{name}.yaml'
     if not p.exists():
         known = ', '.join(sorted(x.stem for x in (ROOT/'profiles').glob('*.yaml')))
         raise typer.BadParameter(f"no profile {name!r}; known: {known}")
-    return yaml.safe_load(p.read_text()) or {}
+    prof = yaml.safe_load(p.read_text()) or {}
+    return load_profile(prof.pop('base')) | prof if 'base' in prof else prof
 
 def stage_parameters(nb_path:Path, profile:dict) -> dict:
     "The profile's values for the parameters this notebook declares."
@@ -404,4 +405,4 @@ from .verl_loop import verl_train
 app.command('verl-train')(verl_train)
 
 # %% ../nbs/99_cli.ipynb #dc8361e2
-if __name__ == '__main__': app()
+if __name__ == '__main__' and '__file__' in globals(): app()  # run as a module, not in a notebook's kernel
