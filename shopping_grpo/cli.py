@@ -321,6 +321,7 @@ def host_needs(host_freeze=HOST_FREEZE, extras=PIPELINE_EXTRAS, python_version:s
     uv = shutil.which('uv', path=str(Path(sys.executable).parent)) or shutil.which('uv')
     if uv is None: raise RuntimeError("resolving the bundle needs uv: pip install uv==0.13.8 (`make setup` installs it)")
     host = read_pins(Path(host_freeze).read_text()) if host_freeze else {}
+    host = {n: v.split('+')[0] for n, v in host.items()}  # a local build (torch 2.13.0+cpu) stands for its release
     with tempfile.TemporaryDirectory() as tmp:
         req, over, out = Path(tmp)/'requirements.in', Path(tmp)/'host.txt', Path(tmp)/'resolved.txt'
         req.write_text('\n'.join(project_requirements(extras)) + '\n')
