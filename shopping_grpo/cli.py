@@ -85,7 +85,7 @@ def machine_name() -> str:
     import os, shutil, subprocess
     if smi := shutil.which('nvidia-smi'):
         r = subprocess.run([smi, '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip(): return ' + '.join(r.stdout.split('\n')[0:1]).strip()
+        if r.returncode == 0 and r.stdout.strip(): return r.stdout.splitlines()[0].strip()
     return f'cpu ({os.cpu_count()} cores)'
 
 def record_stage(run_dir:Path, stage:str, key:str, seconds:float):
@@ -184,19 +184,19 @@ def pack_run(run_dir, out, piece_mb:float=15.0) -> dict:
 
 # %% ../nbs/99_cli.ipynb #747d68ef
 def _joined_stream(pack:Path, man:dict, dest:Path) -> Path:
-    "The pieces of a run pack, each checked, joined into `dest`, the whole checked; a clear error names a bad piece."
+    "The pieces of a run pack joined into `dest` in one pass, each and the whole checked; a clear error names a bad piece."
     import hashlib
+    if missing := [p['name'] for p in man['pieces'] if not (pack/p['name']).exists()]:
+        raise FileNotFoundError(f"{pack/missing[0]} is missing: send it again ({len(man['pieces'])} pieces in RUN.json)")
     whole = hashlib.sha256()
-    for p in man['pieces']:
-        f = pack/p['name']
-        if not f.exists(): raise FileNotFoundError(f"{f} is missing: send it again ({len(man['pieces'])} pieces in RUN.json)")
-        data = f.read_bytes()
-        if len(data) != p['bytes'] or hashlib.sha256(data).hexdigest() != p['sha256']:
-            raise ValueError(f"{f} is damaged (its size or SHA-256 is not what RUN.json says): send it again")
-        whole.update(data)
-    if whole.hexdigest() != man['stream']['sha256']: raise ValueError("the pieces do not join into the packed stream: pack again")
     with open(dest, 'wb') as out:
-        for p in man['pieces']: out.write((pack/p['name']).read_bytes())
+        for p in man['pieces']:
+            data = (pack/p['name']).read_bytes()
+            if len(data) != p['bytes'] or hashlib.sha256(data).hexdigest() != p['sha256']:
+                raise ValueError(f"{pack/p['name']} is damaged (its size or SHA-256 is not what RUN.json says): send it again")
+            whole.update(data)
+            out.write(data)
+    if whole.hexdigest() != man['stream']['sha256']: raise ValueError("the pieces do not join into the packed stream: pack again")
     return dest
 
 def _relocated(path:str, old_run:str, run_dir:Path) -> Path|None:
