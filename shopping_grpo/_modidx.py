@@ -2,7 +2,10 @@
 
 d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_url': '', 'lib_path': 'shopping_grpo'},
   'syms': { 'shopping_grpo.cli': { 'shopping_grpo.cli._base_here': ('cli.html#_base_here', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli._half_adapter': ('cli.html#_half_adapter', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli._is_final_adapter': ('cli.html#_is_final_adapter', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli._joined_stream': ('cli.html#_joined_stream', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli._packed_sources': ('cli.html#_packed_sources', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli._relocated': ('cli.html#_relocated', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli._step': ('cli.html#_step', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.carried_files': ('cli.html#carried_files', 'shopping_grpo/cli.py'),

@@ -159,9 +159,40 @@ def carried_files(run_dir) -> list[Path]:
     return out
 
 # %% ../nbs/99_cli.ipynb #679f23df
-def pack_run(run_dir, out, piece_mb:float=15.0) -> dict:
-    "Pack the files of `run_dir` the next machine needs into pieces of `piece_mb` MB under `out`, with RUN.json."
-    import tarfile
+def _is_final_adapter(rel:Path) -> bool:
+    "An adapter a finished training wrote (not a checkpoint's, which a resumed training reads back as it was)."
+    return rel.name == 'adapter_model.safetensors' and not any(s.startswith('checkpoint-') for s in rel.parts)
+
+def _half_adapter(src:Path, dest:Path, dtype:str) -> Path:
+    "The adapter at `src` with its floating tensors cast to `dtype`, written to `dest` (metadata kept)."
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    try:
+        with safe_open(str(src), 'pt') as f: meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e: raise ValueError(f"{src} is not a readable adapter ({e}); pack with adapter_dtype=None to carry it as it is") from e
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in tensors.items()}, str(dest), metadata=meta)
+    return dest
+
+def _packed_sources(run_dir:Path, files:list[Path], stage:Path, adapter_dtype:str|None) -> dict:
+    "Where each carried file is read from: the run, or `stage` for adapters cast to `adapter_dtype` and the merge records naming them."
+    from shopping_grpo.records import sha256_file
+    src = {rel: run_dir/rel for rel in files}
+    if adapter_dtype is None: return src
+    for rel in filter(_is_final_adapter, files): src[rel] = _half_adapter(run_dir/rel, stage/rel, adapter_dtype)
+    for rel in (r for r in files if r.name == 'merged.json'):
+        rec = json.loads((run_dir/rel).read_text())
+        moved = _relocated(rec.get('adapter', ''), str(run_dir), run_dir)
+        if moved is None or (a := moved.relative_to(run_dir)/'adapter_model.safetensors') not in src or src[a] == run_dir/a: continue
+        src[rel] = stage/rel  # the merge is remade from the cast adapter: its record names that one
+        src[rel].parent.mkdir(parents=True, exist_ok=True)
+        src[rel].write_text(json.dumps(rec | dict(adapter_sha256=sha256_file(src[a])), indent=1))
+    return src
+
+def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16') -> dict:
+    "Pack the files of `run_dir` the next machine needs into pieces of `piece_mb` MB under `out`, with RUN.json; finished adapters in `adapter_dtype`."
+    import tarfile, tempfile
     from shopping_grpo.model import PieceWriter
     from shopping_grpo.records import sha256_file, write_atomic
     run_dir, out = Path(run_dir).resolve(), Path(out)
@@ -171,14 +202,16 @@ def pack_run(run_dir, out, piece_mb:float=15.0) -> dict:
     if old := sorted(out.glob('run.tgz.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     files = carried_files(run_dir)
-    stream = PieceWriter(out, 'run.tgz', int(piece_mb*1e6))
-    with tarfile.open(fileobj=stream, mode='w|gz', format=tarfile.PAX_FORMAT) as tar:  # JSONL shrinks several times
-        for rel in files: tar.add(run_dir/rel, arcname=str(rel), recursive=False)
-    stream.close()
-    man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), pieces=stream.pieces,
+    with tempfile.TemporaryDirectory(prefix='pack-run-') as stage:
+        src = _packed_sources(run_dir, files, Path(stage), adapter_dtype)
+        stream = PieceWriter(out, 'run.tgz', int(piece_mb*1e6))
+        with tarfile.open(fileobj=stream, mode='w|gz', format=tarfile.PAX_FORMAT) as tar:  # JSONL shrinks several times
+            for rel in files: tar.add(src[rel], arcname=str(rel), recursive=False)
+        stream.close()
+        listed = [dict(path=str(r), bytes=src[r].stat().st_size, sha256=sha256_file(src[r])) for r in files]
+    man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), pieces=stream.pieces, adapter_dtype=adapter_dtype,
                stream=dict(bytes=sum(p['bytes'] for p in stream.pieces), sha256=stream.whole.hexdigest()),
-               files=[dict(path=str(r), bytes=(run_dir/r).stat().st_size, sha256=sha256_file(run_dir/r)) for r in files],
-               created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+               files=listed, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     write_atomic(out/'RUN.json', json.dumps(man, indent=1))
     return man
 
@@ -254,9 +287,12 @@ def unpack_run(pack, run_dir, merge:bool=True, progress:bool=True) -> dict:
 @app.command('pack-run')
 def pack_run_command(run:str=typer.Argument(..., help='run folder to carry to the next machine'),
                      out:str=typer.Argument(..., help='empty folder that receives the pieces and RUN.json'),
-                     piece_mb:float=typer.Option(15.0, help='piece size in MB (10^6 bytes); 15 fits a 16 MiB transfer')):
+                     piece_mb:float=typer.Option(15.0, help='piece size in MB (10^6 bytes); 15 fits a 16 MiB transfer'),
+                     adapter_dtype:str=typer.Option('float16', help="finished adapters' dtype in the pack (float16, bfloat16, float32), or 'keep'")):
     "Pack what the next machine needs of a run (ledger, notebooks, adapters, results, a running training's checkpoint)."
-    man = pack_run(run, out, piece_mb)
+    if adapter_dtype not in ('float16', 'bfloat16', 'float32', 'keep'):
+        raise typer.BadParameter(f"adapter dtype {adapter_dtype!r}: float16, bfloat16, float32 or keep")
+    man = pack_run(run, out, piece_mb, None if adapter_dtype == 'keep' else adapter_dtype)
     typer.echo(f"{len(man['files'])} files in {len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB) in {out}; "
                f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
 

@@ -39,25 +39,43 @@ def trained_run(tmp_path, tiny):
     return run
 
 
-def test_merged_checkpoints_are_remade_in_order_with_the_same_weights(trained_run, tmp_path):
+@pytest.mark.parametrize('adapter_dtype', [None, 'float16'])
+def test_merged_checkpoints_are_remade_in_order_with_the_same_weights(trained_run, tmp_path, adapter_dtype):
     files = [str(p) for p in carried_files(trained_run)]
     assert 'sft/merged/merged.json' in files and not any(f.endswith('.safetensors') and '/merged/' in f for f in files)
-    man = pack_run(trained_run, tmp_path/'pack', piece_mb=0.005)
+    man = pack_run(trained_run, tmp_path/'pack', piece_mb=0.005, adapter_dtype=adapter_dtype)
     assert len(man['pieces']) >= 2  # the adapters do not fit one piece
     back = unpack_run(tmp_path/'pack', tmp_path/'machine-b'/'run', progress=False)
     new = tmp_path/'machine-b'/'run'
     assert back['merged'] == [str(new/'sft'/'merged'), str(new/'grpo'/'merged')]  # the SFT base first
     for m in ('sft', 'grpo'):
         a, b = weights(trained_run/m/'merged'), weights(new/m/'merged')
-        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), m
+        assert a.keys() == b.keys(), m
+        if adapter_dtype is None: assert all((a[k] == b[k]).all() for k in a), m  # the adapter as written: the same weights
+        else:  # a halved adapter: the same weights to float16's precision of the LoRA update
+            assert all(torch_allclose(a[k], b[k]) for k in a), m
+            assert {v.dtype for v in weights(new/m/'adapter').values()} == {torch_dtype('float16')}
     assert json.loads((new/'grpo'/'merged'/'merged.json').read_text())['base'] == str(new/'sft'/'merged')
+
+
+def torch_dtype(name:str):
+    import torch
+    return getattr(torch, name)
+
+
+def torch_allclose(a, b) -> bool:
+    import torch
+    return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * float(a.abs().max()))  # float16 keeps 11 bits
 
 
 def test_an_adapter_that_is_not_the_merged_ones_is_refused(trained_run, tmp_path):
     (trained_run/'grpo'/'adapter'/'adapter_model.safetensors').write_bytes(b'not the adapter')
-    pack_run(trained_run, tmp_path/'pack', piece_mb=0.005)
+    pack_run(trained_run, tmp_path/'pack', piece_mb=0.005, adapter_dtype=None)
     with pytest.raises(ValueError, match='is not the adapter'):
         unpack_run(tmp_path/'pack', tmp_path/'machine-b'/'run', progress=False)
+    with pytest.raises(ValueError, match='not a readable adapter'):  # halving it needs a readable file
+        pack_run(trained_run, tmp_path/'pack-half', piece_mb=0.005)
+    assert not list((tmp_path/'pack-half').glob('run.tgz.*'))
 
 
 def test_a_missing_piece_changes_nothing(trained_run, tmp_path):
