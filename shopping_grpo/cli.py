@@ -126,6 +126,9 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
         if not force and done.get('key') == keys[st] and out.exists():
             typer.echo(f'[{i}/{len(names)} {st}] unchanged since {done["finished_at"]}: skipped', err=True)
             continue
+        if done.get('key') and done['key'] != keys[st]:  # a run carried from another commit redoes from here on
+            typer.echo(f'[{i}/{len(names)} {st}] changed since {done["finished_at"]} (its notebook, parameters or code, '
+                       'or an earlier stage\'s): run again', err=True)
         typer.echo(f'[{i}/{len(names)} {st}] {json.dumps(params)}', err=True)
         pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(ROOT/'nbs'), progress_bar=True,
                             kernel_name='python3')
