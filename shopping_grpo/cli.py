@@ -15,12 +15,13 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
-           'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest', 'stage_key',
-           'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run',
-           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'serve_model', 'requirement_name',
-           'read_pins', 'project_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
-           'pack_offline_command']
+__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_ADAPTERS', 'GZIP_OVER', 'HOST_FREEZE',
+           'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'serve_env', 'load_profile', 'stage_parameters',
+           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys',
+           'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
+           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command',
+           'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'host_needs', 'platform_tags',
+           'project_wheel', 'download_wheels', 'pack_offline_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -307,6 +308,100 @@ def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.jso
     man = unpack_run(pack, run, merge)
     typer.echo(f"{len(man['files'])} files into {man['unpacked']}; remade {len(man['merged'])} merged checkpoints; "
                f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
+
+# %% ../nbs/99_cli.ipynb #3692c418
+PUBLISH_LEFT_OUT = ('tasks', 'collect', 'agent', 'shoppers', 'sft_demo')  # remade from the seed (01, 04) or demonstrations (02c, 03, 05)
+PUBLISH_ADAPTERS = ('sft/adapter', 'grpo/adapter')  # the GRPO model is its adapter on the SFT model: both are needed
+GZIP_OVER = 256_000  # bytes: a JSONL file larger than this is published gzipped (read_jsonl reads both)
+
+def _adapter_of(rel:Path) -> str|None:
+    "The adapter folder (run-relative) a file lies in, or None."
+    return str(Path(*rel.parts[:-1])) if len(rel.parts) > 1 and rel.parts[-2] == 'adapter' else None
+
+def published_files(run_dir, adapters=PUBLISH_ADAPTERS) -> list[Path]:
+    "The files of a finished run that `publish_run` copies, relative to it."
+    out, done = [], read_ledger(Path(run_dir))
+    for rel in carried_files(run_dir):
+        if rel.parts[0] == 'notebooks' and rel.stem not in done: continue  # a stage cut short: its notebook is partial
+        if rel.parts[0] in PUBLISH_LEFT_OUT or any(s.startswith('checkpoint-') for s in rel.parts): continue
+        if (ad := _adapter_of(rel)) is not None and (ad not in adapters or
+                                                    rel.name not in ('adapter_model.safetensors', 'adapter_config.json')): continue
+        out.append(rel)
+    return out
+
+# %% ../nbs/99_cli.ipynb #1a1b2eea
+def _publish_one(src:Path, dest:Path, rel:Path, piece_bytes:int, dtype:str) -> list[dict]:
+    "Copy one file of a run into `dest`: an adapter halved and cut in pieces, a large JSONL gzipped, the rest as it is."
+    import gzip, shutil, tempfile
+    from shopping_grpo.model import PieceWriter
+    from shopping_grpo.records import sha256_file
+    target = dest/rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if rel.name == 'adapter_model.safetensors':
+        with tempfile.TemporaryDirectory() as t:
+            half = _half_adapter(src, Path(t)/rel.name, dtype)
+            w = PieceWriter(target.parent, rel.name, piece_bytes)
+            w.write(half.read_bytes()); w.close()
+            return [dict(path=str(rel), bytes=half.stat().st_size, sha256=w.whole.hexdigest(), dtype=dtype,
+                         pieces=[dict(p, name=str(rel.parent/p['name'])) for p in w.pieces])]
+    if rel.suffix == '.jsonl' and src.stat().st_size > GZIP_OVER:
+        target = target.with_name(rel.name + '.gz')
+        target.write_bytes(gzip.compress(src.read_bytes(), mtime=0))  # mtime 0: the same file gives the same bytes
+    else: shutil.copyfile(src, target)
+    return [dict(path=str(target.relative_to(dest)), bytes=target.stat().st_size, sha256=sha256_file(target))]
+
+# %% ../nbs/99_cli.ipynb #fa91e740
+def publish_run(run_dir, dest, adapters=PUBLISH_ADAPTERS, max_mb:float=40.0, piece_mb:float=15.0, dtype:str='float16') -> dict:
+    "Copy what a reader needs of a finished run into `dest` (replaced whole), within `max_mb`; PUBLISHED.json lists it."
+    import shutil, tempfile
+    from shopping_grpo.records import write_atomic
+    run_dir, dest = Path(run_dir).resolve(), Path(dest)
+    if not (run_dir/'pipeline.json').exists(): raise FileNotFoundError(f"{run_dir} is no run folder: it has no pipeline.json")
+    if dest.exists() and any(dest.iterdir()) and not (dest/'PUBLISHED.json').exists():
+        raise FileExistsError(f"{dest} holds files that no publication wrote: publish into an empty folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f'.{dest.name}.publish-') as tmp:
+        files = [f for rel in published_files(run_dir, adapters) for f in _publish_one(run_dir/rel, Path(tmp), rel, int(piece_mb*1e6), dtype)]
+        size = sum(f['bytes'] for f in files)
+        if size > max_mb*1e6:
+            big = ', '.join(f"{f['path']} ({f['bytes']/1e6:.1f} MB)" for f in sorted(files, key=lambda f: -f['bytes'])[:3])
+            raise ValueError(f"the publication would be {size/1e6:.1f} MB, over max_mb={max_mb}: largest {big}; nothing written")
+        missing = [a for a in adapters if not any(f['path'] == f'{a}/adapter_model.safetensors' for f in files)]
+        man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), adapters=list(adapters), missing_adapters=missing,
+                   bytes=size, files=files, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+        write_atomic(Path(tmp)/'PUBLISHED.json', json.dumps(man, indent=1))
+        old = dest.with_name(f'.{dest.name}.old')
+        if dest.exists(): dest.rename(old)
+        Path(tmp).rename(dest)
+        Path(tmp).mkdir()  # for the context manager's clean-up
+        shutil.rmtree(old, ignore_errors=True)
+    return man
+
+# %% ../nbs/99_cli.ipynb #5ec55a7d
+def restore_adapter(published, adapter:str, out) -> Path:
+    "The published adapter `adapter` (e.g. 'grpo/adapter') joined from its pieces into `out`, checked; `out`."
+    import hashlib, shutil
+    published, out = Path(published), Path(out)
+    man = json.loads((published/'PUBLISHED.json').read_text())
+    rec = next((f for f in man['files'] if f['path'] == f'{adapter}/adapter_model.safetensors'), None)
+    if rec is None: raise KeyError(f"{published} publishes no adapter {adapter!r}; it has {man['adapters']}")
+    out.mkdir(parents=True, exist_ok=True)
+    data = b''.join((published/p['name']).read_bytes() for p in rec['pieces'])
+    if hashlib.sha256(data).hexdigest() != rec['sha256']: raise ValueError(f"{published/adapter}'s pieces are damaged: publish again")
+    (out/'adapter_model.safetensors').write_bytes(data)
+    shutil.copyfile(published/adapter/'adapter_config.json', out/'adapter_config.json')
+    return out
+
+# %% ../nbs/99_cli.ipynb #d53a37b3
+@app.command('publish-run')
+def publish_run_command(run:str=typer.Argument(..., help='a finished run folder'),
+                        dest:str=typer.Argument(..., help='the folder to commit (replaced whole), e.g. outputs/reference/h200'),
+                        adapters:str=typer.Option(','.join(PUBLISH_ADAPTERS), help='adapter folders to publish, comma-separated'),
+                        max_mb:float=typer.Option(40.0, help='refuse a publication larger than this (MB)')):
+    "Publish what a reader needs of a finished run (notebooks, ledger, summaries, trajectories, report, adapters) into DEST."
+    man = publish_run(run, dest, tuple(a for a in adapters.split(',') if a), max_mb)
+    typer.echo(f"{len(man['files'])} files, {man['bytes']/1e6:.1f} MB in {dest}; stages: {', '.join(man['ledger'])}"
+               + (f"; no adapter at {', '.join(man['missing_adapters'])}" if man['missing_adapters'] else ''), err=True)
 
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')

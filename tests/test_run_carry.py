@@ -97,3 +97,15 @@ def test_the_pipeline_on_the_next_machine_skips_what_the_ledger_records(tmp_path
     assert not (tmp_path/'b'/'catalog').exists()  # remade from the seed by the stages that need it
     again = CliRunner().invoke(app, ['pipeline', '--profile', str(profile), '--run', str(tmp_path/'b'), '--stages', '00_env'])
     assert again.exit_code == 0 and '00_env] unchanged since' in again.output, again.output
+
+
+def test_a_published_run_gives_back_its_models(trained_run, tmp_path, tiny):
+    "The published adapters, restored and merged in order onto the base, make the run's models again (to float16's precision)."
+    from shopping_grpo.cli import publish_run, restore_adapter
+    from shopping_grpo.sft import merge_lora
+    man = publish_run(trained_run, tmp_path/'published', piece_mb=0.002)
+    assert man['missing_adapters'] == [] and all(f['bytes'] <= 16 * 2**20 for f in man['files'] if 'pieces' not in f)
+    sft = merge_lora(tiny, restore_adapter(tmp_path/'published', 'sft/adapter', tmp_path/'a'/'sft'), tmp_path/'m'/'sft')
+    grpo = merge_lora(str(sft), restore_adapter(tmp_path/'published', 'grpo/adapter', tmp_path/'a'/'grpo'), tmp_path/'m'/'grpo')
+    a, b = weights(trained_run/'grpo'/'merged'), weights(grpo)
+    assert a.keys() == b.keys() and all(torch_allclose(a[k], b[k]) for k in a)
