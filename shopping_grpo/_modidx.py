@@ -716,6 +716,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'shopping_grpo.reward.evidence_of': ('reward.html#evidence_of', 'shopping_grpo/reward.py'),
                                       'shopping_grpo.reward.known_reward': ('reward.html#known_reward', 'shopping_grpo/reward.py'),
                                       'shopping_grpo.reward.partial_reward': ('reward.html#partial_reward', 'shopping_grpo/reward.py'),
+                                      'shopping_grpo.reward.requirement_match': ( 'reward.html#requirement_match',
+                                                                                  'shopping_grpo/reward.py'),
                                       'shopping_grpo.reward.resolved_options': ('reward.html#resolved_options', 'shopping_grpo/reward.py'),
                                       'shopping_grpo.reward.score_episode': ('reward.html#score_episode', 'shopping_grpo/reward.py'),
                                       'shopping_grpo.reward.score_purchase': ('reward.html#score_purchase', 'shopping_grpo/reward.py'),
