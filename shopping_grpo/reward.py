@@ -41,8 +41,8 @@ class RewardDetail:
     features_missing: list = field(default_factory=list)  # requested features it lacks
     options_met: list = field(default_factory=list)       # option axes whose requested value the variant bought has
     options_missing: list = field(default_factory=list)   # option axes whose requested value it lacks
-    brand_met: bool|None = None                           # of the requested brand (None: none requested, or no purchase)
-    model_met: bool|None = None                           # the requested model (None: none requested, or no purchase)
+    brand_met: bool|None = None                           # of the requested brand (None: none asked, or no purchase)
+    model_met: bool|None = None                           # the requested model (None: none asked, or no purchase)
     def as_dict(self) -> dict: return asdict(self)
     @property
     def strict_success(self) -> bool: return self.reward_valid and self.outcome == 'gold'
@@ -66,8 +66,8 @@ def requirement_match(p:dict, selected:dict, f:TaskFacts) -> dict:
     "Which requested brand, model, features and options product `p`, bought with `selected` options, has and lacks."
     opts, have, feats = resolved_options(p, selected), set(p.get('feature_keys') or []), list(dict.fromkeys(f.features))
     return dict(features_met=[k for k in feats if k in have], features_missing=[k for k in feats if k not in have],
-                options_met=[k for k, v in f.options.items() if opts.get(k) == v],
-                options_missing=[k for k, v in f.options.items() if opts.get(k) != v],
+                options_met=sorted(k for k, v in f.options.items() if opts.get(k) == v),
+                options_missing=sorted(k for k, v in f.options.items() if opts.get(k) != v),
                 brand_met=None if f.brand is None else p.get('brand_key') == f.brand,
                 model_met=None if f.model is None else (p.get('model') or '').lower() == f.model.lower())
 
