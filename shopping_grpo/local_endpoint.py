@@ -11,14 +11,24 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['walk', 'SchemaDecoder', 'LocalEndpoint']
+__all__ = ['AnswerProbe', 'walk', 'SchemaDecoder', 'LocalEndpoint']
+
+# %% ../nbs/08a_local_endpoint.ipynb #5f4cfa56
+@dataclass(frozen=True)
+class AnswerProbe:
+    "A request for the probability of each of `answers` as the start of the reply: the next-token one of its first token."
+    answers: tuple
 
 # %% ../nbs/08a_local_endpoint.ipynb #930d914a
 def walk(schema:dict|None):
     """The answer to `schema` as a generator of steps: ('text', s) to write, ('choose', options) whose chosen index is
-    sent back, ('free', max_chars) whose written text is sent back; no schema: ('any',) free text to the end token."""
+    sent back, ('free', max_chars) whose written text is sent back; no schema: ('any',) free text to the end token;
+    an `AnswerProbe`: ('probe', answers) whose probabilities are sent back."""
     if schema is None:
         yield ('any',)
+        return
+    if isinstance(schema, AnswerProbe):
+        yield ('probe', list(schema.answers))
         return
     t = schema.get('type')
     if 'enum' in schema:
@@ -102,6 +112,16 @@ class SchemaDecoder:
                 raise ValueError(f"an option of {options[:5]}... is a prefix of another: no greedy choice")
             self._options[key] = opts
         return self._options[key]
+    def first_ids(self, answers:list[str]) -> list[int]:
+        "The first token of each answer (how a reply that says it begins), checked to differ from answer to answer."
+        key = ('probe', *answers)
+        if key not in self._options:
+            ids = [self.ids(a)[:1] for a in answers]
+            if [] in ids: raise ValueError(f"an empty answer among {answers}: it has no first token")
+            if len({i[0] for i in ids}) < len(ids):
+                raise ValueError(f"two of the answers {answers} begin with the same token: their probabilities are one")
+            self._options[key] = [i[0] for i in ids]
+        return self._options[key]
 
 # %% ../nbs/08a_local_endpoint.ipynb #641c7c6f
 @patch
@@ -118,14 +138,19 @@ def _advance(self:SchemaDecoder, job:_Job, send=None):
         job.step = step
         if step[0] == 'choose':
             job.options, job.depth = self.option_ids(step[1]), 0
+        elif step[0] == 'probe': job.options = self.first_ids(step[1])
         else: job.free = []
         return step
 
 # %% ../nbs/08a_local_endpoint.ipynb #bff8f531
 @patch
 def _decide(self:SchemaDecoder, job:_Job, allowed_best:int):
-    "Take the token the model chose for `job` and move on: the next token of an option, or of a free string."
+    """Take the token the model chose for `job` and move on: the next token of an option, or of a free string; a probe's
+    probabilities end it."""
     kind = job.step[0]
+    if kind == 'probe':
+        job.out.append(json.dumps(allowed_best))
+        return self._advance(job, allowed_best)
     if kind == 'choose':
         job.options = [(k, o) for k, o in job.options if o[job.depth] == allowed_best]
         job.depth += 1
@@ -150,7 +175,8 @@ def _decide(self:SchemaDecoder, job:_Job, allowed_best:int):
 # %% ../nbs/08a_local_endpoint.ipynb #b44b3fcc
 @patch
 def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
-    "For each job, its most likely allowed token: among its options' next tokens, or any token a free string takes."
+    """For each job, its most likely allowed token: among its options' next tokens, or any token a free string takes;
+    for a probe, its answers' probabilities."""
     import torch
     if not torch.is_tensor(self.string_ids): self.string_ids = torch.tensor(self.string_ids, device=logits.device)
     out = [None] * len(jobs)
@@ -167,6 +193,7 @@ def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
         for i, p in zip(fr, self.string_ids[pick].tolist()): out[i] = p
     for i, j in enumerate(jobs):
         if j.step[0] == 'any': out[i] = int(logits[i].argmax())
+        elif j.step[0] == 'probe': out[i] = logits[i].float().softmax(-1)[j.options].tolist()
     return out
 
 # %% ../nbs/08a_local_endpoint.ipynb #3532d05d
@@ -301,6 +328,11 @@ def chat(self:LocalEndpoint, messages:list[dict], schema:dict|None=None, name:st
             if not self.thread.is_alive(): raise Unavailable(f"the local endpoint stopped: {self.failure}") from None
         except ValueError: raise
         except Exception as e: raise Unavailable(f"the local endpoint failed: {type(e).__name__}: {e}") from e
+
+@patch
+def answer_probs(self:LocalEndpoint, messages:list[dict], answers:list[str]) -> list[float]:
+    "The probability of each of `answers` starting the model's reply to `messages` (its first token's), from one pass."
+    return json.loads(self.chat(messages, AnswerProbe(tuple(answers)), 'probe'))
 
 @patch
 def close(self:LocalEndpoint):

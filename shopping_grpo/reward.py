@@ -9,9 +9,9 @@ from .env import Catalog, EpisodeLog
 from .tasks import Task, TaskFacts, satisfies
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'REWARDS', 'INFRA_REASONS', 'TRAINING_REWARDS', 'NON_GOLD_PURCHASES', 'partial_reward', 'RewardDetail',
-           'check_gates', 'resolved_options', 'soft_match', 'evidence_of', 'score_purchase', 'score_stop',
-           'score_episode', 'known_reward', 'training_reward']
+__all__ = ['WEIGHTS', 'REWARDS', 'REQUIREMENT_FIELDS', 'INFRA_REASONS', 'TRAINING_REWARDS', 'NON_GOLD_PURCHASES',
+           'partial_reward', 'RewardDetail', 'check_gates', 'resolved_options', 'requirement_match', 'soft_match',
+           'evidence_of', 'score_purchase', 'score_stop', 'score_episode', 'known_reward', 'training_reward']
 
 # %% ../nbs/02_reward.ipynb #87ae315e
 WEIGHTS = dict(brand=0.35, model=0.25, functions=0.25, options=0.15)
@@ -23,6 +23,8 @@ def partial_reward(s:float) -> float:
     return min(0.25, -0.30 + 0.55*s)
 
 # %% ../nbs/02_reward.ipynb #0d340cc2
+REQUIREMENT_FIELDS = ('features_met', 'features_missing', 'options_met', 'options_missing', 'brand_met', 'model_met')
+
 @dataclass
 class RewardDetail:
     "The reward of one episode and why."
@@ -35,6 +37,12 @@ class RewardDetail:
     gates: dict = field(default_factory=dict)       # 'pass' | 'fail' | 'unverifiable' per hard gate
     evidence: dict = field(default_factory=dict)    # what the agent checked before buying
     note: str = ''
+    features_met: list = field(default_factory=list)      # requested features the product bought has (TaskFacts keys)
+    features_missing: list = field(default_factory=list)  # requested features it lacks
+    options_met: list = field(default_factory=list)       # option axes whose requested value the variant bought has
+    options_missing: list = field(default_factory=list)   # option axes whose requested value it lacks
+    brand_met: bool|None = None                           # of the requested brand (None: none asked, or no purchase)
+    model_met: bool|None = None                           # the requested model (None: none asked, or no purchase)
     def as_dict(self) -> dict: return asdict(self)
     @property
     def strict_success(self) -> bool: return self.reward_valid and self.outcome == 'gold'
@@ -54,13 +62,22 @@ def resolved_options(p:dict, selected:dict) -> dict:
     "Axis key -> value key of the variant bought: explicit choices, else each axis's first value."
     return {a['key']: selected.get(a['key'], a['value_keys'][0]) for a in p['axes'] or []}
 
+def requirement_match(p:dict, selected:dict, f:TaskFacts) -> dict:
+    "Which requested brand, model, features and options product `p`, bought with `selected` options, has and lacks."
+    opts, have, feats = resolved_options(p, selected), set(p.get('feature_keys') or []), list(dict.fromkeys(f.features))
+    return dict(features_met=[k for k in feats if k in have], features_missing=[k for k in feats if k not in have],
+                options_met=sorted(k for k, v in f.options.items() if opts.get(k) == v),
+                options_missing=sorted(k for k, v in f.options.items() if opts.get(k) != v),
+                brand_met=None if f.brand is None else p.get('brand_key') == f.brand,
+                model_met=None if f.model is None else (p.get('model') or '').lower() == f.model.lower())
+
 def soft_match(p:dict, selected:dict, f:TaskFacts) -> tuple[float, dict]:
     "S and its components for product `p` bought with `selected` options."
-    opts, c = resolved_options(p, selected), {}
-    if f.brand is not None: c['brand'] = float(p.get('brand_key') == f.brand)
-    if f.model is not None: c['model'] = float((p.get('model') or '').lower() == f.model.lower())
-    if f.features: c['functions'] = len(set(f.features) & set(p.get('feature_keys') or [])) / len(f.features)
-    if f.options: c['options'] = sum(opts.get(k) == v for k, v in f.options.items()) / len(f.options)
+    m, c = requirement_match(p, selected, f), {}
+    if f.brand is not None: c['brand'] = float(m['brand_met'])
+    if f.model is not None: c['model'] = float(m['model_met'])
+    if f.features: c['functions'] = len(m['features_met']) / len(f.features)
+    if f.options: c['options'] = len(m['options_met']) / len(f.options)
     if not c: return 1.0, c
     return sum(WEIGHTS[k]*v for k, v in c.items()) / sum(WEIGHTS[k] for k in c), c
 
@@ -78,7 +95,7 @@ def score_purchase(f:TaskFacts, log:EpisodeLog, catalog:Catalog) -> RewardDetail
     b = log.purchase
     p = catalog.by_asin(b['asin'])
     g = check_gates(p, b['price'], f)
-    d = dict(termination_reason='purchase', gates=g)
+    d = dict(termination_reason='purchase', gates=g, **requirement_match(p, b['selected'], f))
     if 'fail' in g.values():
         return RewardDetail(REWARDS['wrong_purchase'], 'wrong_purchase', True, note='a hard gate failed', **d)
     if 'unverifiable' in g.values():

@@ -9,6 +9,7 @@ import pytest, uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from shopping_grpo.episode import run_message_episode
 from shopping_grpo.evaluate import evaluate
 from shopping_grpo.policies import ExpertPolicy, ShopperPolicy
 from shopping_grpo.records import read_records
@@ -18,7 +19,8 @@ from shopping_grpo.tasks import Task, TaskFacts
 from shopping_grpo.judge import (Endpoint, Unavailable, code_rubric, candidates, freeze_rubrics, read_rubrics, judge_messages,
                                  judge_model, judge_summary, plant_sentinels, check_judgment, event_ids, FORBIDDEN, run_judges,
                                  truth_judgment, judge_agreement, forbidden_in_prompts, curator_agreement, run_agreement,
-                                 write_agreement, calibration_flags)
+                                 write_agreement, calibration_flags, Calibration, evidence_questions, evidence_record,
+                                 evidence_judgment, requirement_truth, purchased_asin, calibrate_judge, ANSWERS)
 
 N_TASKS = 4
 
@@ -35,6 +37,14 @@ def _valid_judgment(body:dict, events=None) -> str:
     ev = events or [next(iter(reqs.values()))['properties']['events']['items']['enum'][-1]]
     return json.dumps(dict(requirements={i: dict(verdict='met', events=ev) for i in reqs},
                            scores={k: 1 for k in p['scores']['properties']}, error_category='none', summary='ok'))
+
+def _logprobs(model:str, top:list[tuple[str, float]]) -> dict:
+    "A one-token completion with its top log-probabilities, as an OpenAI-compatible server answers `logprobs=True`."
+    lp = lambda t, x: dict(token=t, logprob=x, bytes=None)
+    content = [dict(**lp(*top[0]), top_logprobs=[lp(t, x) for t, x in top])]
+    return dict(id='cmpl-test', object='chat.completion', created=0, model=model, choices=[dict(index=0, finish_reason='length',
+                message=dict(role='assistant', content=top[0][0]), logprobs=dict(content=content))],
+                usage=dict(prompt_tokens=1, completion_tokens=1, total_tokens=2))
 
 def _curation(body:dict, bad_id:bool=False) -> str:
     "A curator answer from the candidate lines of the prompt (faithful, or naming an unknown candidate)."
@@ -58,6 +68,8 @@ class FakeLLM:
         body = await request.json(); m = body['model']; self.calls[m] += 1; self.auth.append(request.headers.get('authorization'))
         retry = len(body['messages']) > 2  # the second attempt carries the rejected answer
         if m == 'valid': return _completion(m, _valid_judgment(body))
+        if m == 'leans-yes' and body.get('logprobs'): return _logprobs(m, [('Yes', -0.2), ('No', -1.8), ('un', -4.0), ('The', -6.0)])
+        if m == 'leans-yes': return _completion(m, _valid_judgment(body))
         if m == 'prose': return _completion(m, 'The agent searched, compared a few products and bought one. Well done.')
         if m == 'prose-then-valid': return _completion(m, _valid_judgment(body) if retry else 'Looks fine to me.')
         if m == 'bad-ids': return _completion(m, _valid_judgment(body, events=['e9999']))
@@ -142,7 +154,7 @@ def test_a_judge_that_passes_everything_is_measured_and_flagged(fake, run):
     "The fake judge finds every requirement met: right on the oracle's gold purchases, wrong on what the heuristic failed."
     f, url = fake; d, tasks, rubrics = run; ep = endpoint(url, 'valid')
     for m in ('oracle', 'heuristic'): judge_model(d/m, tasks, rubrics, ep, progress=False)
-    ag = run_agreement(d, tasks, rubrics)
+    ag = run_agreement(d, tasks, rubrics, mode='trajectory')
     path = write_agreement(d/'judge', ag)
     assert path.name == 'agreement_valid.json' and json.loads(path.read_text())['judges'] == {'valid': 2*N_TASKS}
     assert ag['models']['oracle']['overall']['accuracy'] == 1.0 and ag['forbidden']['total'] == 0
@@ -152,6 +164,63 @@ def test_a_judge_that_passes_everything_is_measured_and_flagged(fake, run):
     failed = sum(not r['purchase_success'] for r in recs.values())
     flags = calibration_flags({m: judge_summary(d/m, tasks, rubrics, ep) for m in ('oracle', 'heuristic')})
     assert any(x.startswith('heuristic: the judge finds all requirements met') for x in flags) == (failed > 0)
+
+
+# ---- the evidence judge ---------------------------------------------------------------------------------------
+
+class Table:
+    "A fake scorer: each question (by its text) answered as `table` says, else `default`, with certainty."
+    def __init__(self, table=None, default='unclear', name='table'): self.table, self.default, self.name = table or {}, default, name
+    def public(self): return dict(model=self.name)
+    def answer_probs(self, messages, answers):
+        word = self.table.get(messages[-1]['content'], self.default)
+        return [float(a == word) for a in answers]
+
+
+def _evidence_agreement(recs:dict, rubrics:dict, scorer) -> dict:
+    "The evidence judge's agreement with the truth on the purchases of `recs`, uncalibrated."
+    js = {k: evidence_judgment(evidence_record(r, rubrics[r['task_id']], scorer), rubrics[r['task_id']], Calibration())
+          for k, r in recs.items() if purchased_asin(r)}
+    return judge_agreement(js, recs, rubrics)
+
+
+def test_evidence_judge_kappa_with_fake_scorers(shop):
+    "On purchases with known truth of both kinds, a scorer that answers the truth has kappa 1; one that always answers yes, 0."
+    tasks = shop.tasks['eval'][:8]
+    rubrics = {t.task_id: code_rubric(t) for t in tasks}
+    recs = {}
+    for pol in (ShopperPolicy(OracleShopper(shop.catalog)), ShopperPolicy(HeuristicShopper())):
+        recs |= {(pol.name, t.task_id): run_message_episode(shop, t, pol) for t in tasks}
+    word = {True: 'yes', False: 'no', None: 'unclear'}
+    truth = {q.text: word[requirement_truth(r, rubrics[r['task_id']])[q.requirement]]
+             for r in recs.values() for q in evidence_questions(r, rubrics[r['task_id']]) or []}
+    assert set(truth.values()) == {'yes', 'no'}  # every requirement of a purchase has a known truth, both kinds occur
+    knows = _evidence_agreement(recs, rubrics, Table(truth))
+    assert (knows['overall']['kappa'], knows['overall']['accuracy'], knows['citations']['valid_share']) == (1.0, 1.0, 1.0)
+    says_met = _evidence_agreement(recs, rubrics, Table(default='yes'))
+    assert says_met['overall']['kappa'] == 0.0 and says_met['overall']['confusion']['met']['unmet'] > 0
+    with pytest.raises(ValueError, match='never on the benchmark'):
+        calibrate_judge(list(recs.values()), tasks, Table(truth), shop.catalog.sha256 + '.json')
+
+
+def test_evidence_judge_through_an_endpoint(fake, run):
+    "Through an OpenAI-compatible endpoint: verdicts read off the first token's log-probabilities, scores from the whole trajectory."
+    f, url = fake; d, tasks, rubrics = run; ep = endpoint(url, 'leans-yes')
+    probs = ep.answer_probs([dict(role='user', content='is it?')], list(ANSWERS.values()))
+    assert [round(x, 3) for x in probs] == [0.819, 0.165, 0.018]
+    out = run_judges(d, tasks, ['oracle', 'heuristic'], None, ep, workers=2, progress=False)
+    for m, s in out.items():
+        assert s['requirement_judge'] == 'evidence' and (s['valid_judgments'], s['not_judged']) == (N_TASKS, 0), m
+        assert s['panels']['C_quality']['valid_judgments'] == N_TASKS and 'calibration' in s
+        assert len(lines(d/m/'evidence.jsonl')) == N_TASKS
+    recs = read_records(d/'oracle'/'trajectories.jsonl')
+    ag = run_agreement(d, tasks, rubrics, ['oracle'])
+    bought = sum(bool(purchased_asin(r)) for r in recs.values())
+    assert ag['mode'] == 'evidence' and ag['pooled_purchases']['judged'] == bought and ag['forbidden']['total'] == 0
+    assert ag['models']['oracle']['overall']['accuracy'] == 1.0  # the oracle meets everything; a judge leaning yes says so
+    calls = f.calls['leans-yes']
+    run_judges(d, tasks, ['oracle', 'heuristic'], None, ep, workers=2, progress=False)
+    assert f.calls['leans-yes'] == calls  # resumed: nothing asked again
 
 
 # ---- answers ------------------------------------------------------------------------------------------------

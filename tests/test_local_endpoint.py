@@ -1,11 +1,12 @@
 """The embedded model as the judges' endpoint (08a_local_endpoint) under the judging run of 08_judge: many threads at
 once, every answer schema-valid, a prompt that does not fit counted as not judged (the run goes on), and a model
-that cannot load failing the caller at once rather than hanging it. A small random model keeps it cheap."""
+that cannot load failing the caller at once rather than hanging it; the evidence judge's answer probabilities read off
+the same rows. A small random model keeps it cheap."""
 from __future__ import annotations
 import json
 import pytest
 
-from shopping_grpo.judge import code_rubric, judge_model, read_records
+from shopping_grpo.judge import code_rubric, judge_model, read_records, judge_evidence, evidence_questions, Calibration
 
 
 def judged(shop, oracle_records, tiny, tmp_path, n:int, workers:int, **endpoint):
@@ -26,6 +27,24 @@ def test_every_answer_is_a_valid_judgment(shop, oracle_records, tiny, tmp_path):
     assert run['recorded'] == {'judged': 6} and set(js) == {t.task_id for t in shop.tasks['eval'][:6]}
     assert all(j['judge']['base_url'] == 'local' and j['attempts'] == 1 for j in js.values())
     assert ep.engine.calls > 0 and ep.engine.prompt_tokens > 6 * 500
+
+
+def test_the_evidence_judge_reads_answer_probabilities(shop, oracle_records, tiny, tmp_path):
+    "Every question of every purchase asked at once through the decoder's rows; each answer a probability per word."
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    tasks = shop.tasks['eval'][:4]
+    rubrics = {t.task_id: code_rubric(t) for t in tasks}
+    d = tmp_path/'model'
+    d.mkdir()
+    (d/'trajectories.jsonl').write_text(''.join(json.dumps(oracle_records[t.task_id]) + '\n' for t in tasks))
+    ep = LocalEndpoint(tiny, device='cpu', rows=4, max_context=2048)
+    run = judge_evidence(d, tasks, rubrics, ep, Calibration(), workers=4, progress=False)
+    ep.close()
+    recs = read_records(d/'evidence.jsonl')
+    assert run['recorded'] == {'judged': 4} and ep.engine.answer_tokens == 0  # nothing generated: one pass per question
+    for k, r in recs.items():
+        assert set(r['answers']) == {q.requirement for q in evidence_questions(oracle_records[k], rubrics[k])}
+        assert all(set(p) == {'met', 'unmet', 'unclear'} and 0 < sum(p.values()) <= 1 + 1e-6 for p in r['answers'].values())
 
 
 def test_a_prompt_that_does_not_fit_is_not_judged(shop, oracle_records, tiny, tmp_path):

@@ -1,5 +1,7 @@
 """The shop and the reference shoppers are what the committed fingerprint says: catalog, task and benchmark hashes,
-and the oracle's, expert's, heuristic's and random shopper's summaries and records on the frozen benchmark."""
+and the oracle's, expert's, heuristic's and random shopper's summaries and records on the frozen benchmark. The records
+hash leaves out the reward detail's requirement fields, which have their own hash: the scores are what they were before
+the detail named the requirements met."""
 from __future__ import annotations
 import json, os, subprocess, sys
 from pathlib import Path
@@ -18,4 +20,5 @@ def test_fingerprint_matches_reference(tmp_path):
     for kind in want['shoppers']:
         assert got['shoppers'][kind]['summary'] == want['shoppers'][kind]['summary'], kind
         assert got['shoppers'][kind]['records_sha256'] == want['shoppers'][kind]['records_sha256'], kind
+        assert got['shoppers'][kind]['requirements_sha256'] == want['shoppers'][kind]['requirements_sha256'], kind
     assert got == want
