@@ -58,7 +58,7 @@ def main():
     print(json.dumps(res['data']), flush=True)
     for v in a.variants.split(','):
         shape, _, ep = v.partition(':'); b, g = map(int, shape.split('x')); out = run/f'sft-{shape}'; shutil.rmtree(out, ignore_errors=True)
-        s = train_sft(base, train, val, out, sft_config('gpu', batch_size=b, grad_accum=g, epochs=float(ep or a.epochs)), progress=False)
+        s = train_sft(base, train, val, out, sft_config('gpu', pack_tokens=0, batch_size=b, grad_accum=g, epochs=float(ep or a.epochs)), progress=False)
         r = dict(variant=v, batch_size=b, grad_accum=g, steps=s['final_step'], epochs=s['epochs'], tokens_per_s=s['tokens_per_s'],
                  train_minutes=round(s['train_seconds'] / 60, 2), minutes=s['minutes'], peak_gpu_gib=s['peak_gpu_gib'])
         res['runs'].append(r); print(json.dumps(r), flush=True)

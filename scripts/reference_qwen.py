@@ -34,6 +34,8 @@ def options():
     ap.add_argument('--lr', type=float, default=1e-4)
     ap.add_argument('--batch-size', type=int, default=4, help='conversations per micro-batch')
     ap.add_argument('--grad-accum', type=int, default=1, help='micro-batches per optimizer step')
+    ap.add_argument('--pack-tokens', type=int, default=0, help='conversations packed into rows of this many tokens, '
+                    'one row a micro-batch (needs --batch-size 1); 0: padded micro-batches, as the recorded runs')
     ap.add_argument('--max-len', type=int, default=8192, help='longest conversation trained on, in tokens')
     ap.add_argument('--benchmarks', default='template,freeform')
     ap.add_argument('--eval-batch', type=int, default=200, help='episodes in lockstep')
@@ -87,7 +89,7 @@ def stage_sft(a, run:Path, out:Path, base):
     val = SFTData(run/'collect'/'sft_val.jsonl', tok, a.max_len)
     log(f'sft rows: train {train.counts}, val {val.counts}')
     cfg = sft_config('gpu', epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, grad_accum=a.grad_accum, max_len=a.max_len,
-                     max_steps=a.max_steps)
+                     max_steps=a.max_steps, pack_tokens=a.pack_tokens)
     s = train_sft(base, train, val, run/'sft', cfg, progress=False)
     merge_lora(base, run/'sft'/'adapter', run/'sft'/'merged')
     n_params = parameters(run/'sft'/'merged')
@@ -162,7 +164,7 @@ def stage_nonfinite(a, run:Path, out:Path, base):
     for name, accum, anomaly in (('accum4', 4, False), ('accum4_anomaly', 4, True), ('accum1', 1, False)):
         d = run/f'nonfinite-{name}'
         shutil.rmtree(d, ignore_errors=True)
-        cfg = sft_config('gpu', batch_size=a.batch_size, grad_accum=accum, max_steps=3, max_len=a.max_len)
+        cfg = sft_config('gpu', batch_size=a.batch_size, grad_accum=accum, max_steps=3, max_len=a.max_len, pack_tokens=0)
         t0 = time.time()
         try:
             with torch.autograd.set_detect_anomaly(anomaly): s = train_sft(base, train, [], d, cfg, progress=False)

@@ -44,7 +44,8 @@ def main():
         t0 = time.time(); torch.cuda.reset_peak_memory_stats(); tok = AutoTokenizer.from_pretrained(str(base))
         train, val = SFTData(run/'collect'/'sft_train.jsonl', tok, 8192), SFTData(run/'collect'/'sft_val.jsonl', tok, 8192)
         log(f'sft data: {train.counts} / {val.counts}')
-        s = train_sft(base, train, val, sft_dir, sft_config('gpu', epochs=a.epochs, lr=a.lr, lora_r=a.lora_r, lora_alpha=a.lora_alpha), progress=False)
+        s = train_sft(base, train, val, sft_dir, sft_config('gpu', epochs=a.epochs, lr=a.lr, lora_r=a.lora_r, lora_alpha=a.lora_alpha,
+                                                               pack_tokens=0, batch_size=4, grad_accum=4), progress=False)
         merge_lora(base, sft_dir/'adapter', merged)
         figures['sft'] = dict(seconds=round(time.time() - t0, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
         shutil.copy(sft_dir/'summary.json', out/'sft_summary.json'); log(f"sft: {figures['sft']} {json.dumps(s)[:400]}")

@@ -14,9 +14,10 @@ from .collect import load_trajectories
 
 # %% auto #0
 __all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator', 'labelled_nll',
-           'action_loss', 'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary',
-           'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure', 'turn_agreement',
-           'agreement_table', 'expert_agreement']
+           'action_loss', 'pack_bins', 'packed_row', 'pack_rows', 'pack_fill', 'PackedCollator',
+           'conversation_attention', 'register_conversation_attention', 'SFTConfig', 'sft_config', 'tiny_model',
+           'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans',
+           'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -136,6 +137,75 @@ def action_loss(model, rows:list[dict], batch_size:int=8, chunk:int=2048, pad_id
     model.train(was)
     return nll / max(n, 1), n
 
+# %% ../nbs/05_sft.ipynb #9b118439
+def pack_bins(lengths:list[int], budget:int) -> list[list[int]]:
+    "Indices of rows of `lengths` tokens grouped into bins of at most `budget` tokens: first fit, longest first."
+    if too_long := [i for i, n in enumerate(lengths) if n > budget]:
+        raise ValueError(f"row {too_long[0]} has {lengths[too_long[0]]} tokens, over the packing budget of {budget} "
+                         f"({len(too_long)} rows over it): drop longer rows (max_len) or raise pack_tokens")
+    bins, room = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = next((k for k, r in enumerate(room) if r >= lengths[i]), len(bins))
+        if k == len(bins): bins, room = bins + [[]], room + [budget]
+        bins[k].append(i)
+        room[k] -= lengths[i]
+    return [sorted(b) for b in bins]
+
+# %% ../nbs/05_sft.ipynb #923ae98c
+def packed_row(rows:list[dict]) -> dict:
+    "`rows` end to end as one row: positions restart at 0 with each, and each one's first token carries no label."
+    return dict(input_ids=[t for r in rows for t in r['input_ids']],
+                labels=[l for r in rows for l in [IGNORE] + list(r['labels'][1:])],
+                position_ids=[p for r in rows for p in range(len(r['input_ids']))])
+
+# %% ../nbs/05_sft.ipynb #e408b42f
+def pack_rows(rows:list[dict], budget:int) -> list[dict]:
+    "`rows` packed end to end into rows of at most `budget` tokens (`pack_bins`, then `packed_row`)."
+    return [packed_row([rows[i] for i in b]) for b in pack_bins([len(r['input_ids']) for r in rows], budget)]
+
+def pack_fill(packs:list[dict], budget:int) -> dict:
+    "How many conversations went into how many packed rows, and the share of their token budget they fill."
+    tokens = sum(len(p['input_ids']) for p in packs)
+    return dict(conversations=sum(p['position_ids'].count(0) for p in packs), packed_rows=len(packs),
+                fill=round(tokens / max(1, len(packs) * budget), 3))
+
+# %% ../nbs/05_sft.ipynb #ed538576
+class PackedCollator:
+    "One packed row a micro-batch: ids, labels and restarting positions, no attention mask; hidden states, not logits."
+    def __call__(self, rows:list[dict]) -> dict:
+        import torch
+        if len(rows) != 1: raise ValueError(f"a micro-batch is one packed row, not {len(rows)}: set batch_size=1")
+        as_batch = lambda k: torch.tensor([rows[0][k]])
+        return dict(input_ids=as_batch('input_ids'), labels=as_batch('labels'), position_ids=as_batch('position_ids'),
+                    output_hidden_states=True, logits_to_keep=1, use_cache=False)
+
+# %% ../nbs/05_sft.ipynb #2fe522a1
+def conversation_attention(module, query, key, value, attention_mask, position_ids=None, **kwargs):
+    "Causal sdpa within each conversation of a packed row (a new one wherever the positions do not grow by one)."
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if attention_mask is not None or position_ids is None or query.shape[0] != 1:  # padded batches: plain sdpa
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if kwargs.get('sliding_window'): raise NotImplementedError('packed rows with sliding-window attention')
+    pos = position_ids[0]
+    cuts = [0] + ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist() + [len(pos)]
+    parts = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+             for a, b in zip(cuts, cuts[1:])]
+    return torch.cat(parts, dim=1), None
+
+def _padding_mask_only(attention_mask=None, **kwargs):
+    "sdpa's mask for a padded batch; none for a packed row, which `conversation_attention` cuts itself."
+    from transformers.masking_utils import sdpa_mask
+    return None if attention_mask is None else sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+def register_conversation_attention() -> str:
+    "Make `conversation_attention` one of transformers' attention implementations; its name, for `attn_implementation`."
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register('sdpa_per_conversation', conversation_attention)
+    AttentionMaskInterface.register('sdpa_per_conversation', _padding_mask_only)
+    return 'sdpa_per_conversation'
+
 # %% ../nbs/05_sft.ipynb #b4ad520a
 @dataclass
 class SFTConfig:
@@ -147,8 +217,9 @@ class SFTConfig:
     target_modules:str|list = 'all-linear'  # q,k,v,o and the MLP of every block; not the (tied) LM head
     lr:float = 1e-4
     epochs:float = 3
-    batch_size:int = 4                   # conversations per micro-batch, padded to the longest
-    grad_accum:int = 4                   # micro-batches per optimizer step
+    batch_size:int = 4                   # conversations per micro-batch, padded to the longest; 1 when packing
+    grad_accum:int = 4                   # micro-batches (packed rows, when packing) per optimizer step
+    pack_tokens:int = 0                  # > 0: conversations packed into rows of at most this many tokens (0: padded)
     schedule:str = 'cosine'              # or 'linear'
     warmup:float = 0.05                  # a fraction of the steps, or a step count when >= 1
     weight_decay:float = 0.0
@@ -159,9 +230,16 @@ class SFTConfig:
     loss_chunk:int = 2048                # labelled positions per LM-head chunk
     gradient_checkpointing:bool = False  # trade compute for activation memory
     seed:int = 0
+    def __post_init__(self):
+        if self.pack_tokens and self.batch_size != 1:
+            raise ValueError(f"a packed micro-batch is one row of up to {self.pack_tokens} tokens: "
+                             f"batch_size must be 1, not {self.batch_size}")
+        if 0 < self.pack_tokens < self.max_len:
+            raise ValueError(f"pack_tokens ({self.pack_tokens}) must hold the longest row kept, "
+                             f"max_len ({self.max_len})")
 
-PROFILES = dict(smoke=dict(max_len=4096, batch_size=2, grad_accum=2, max_steps=4, eval_batch_size=4),
-                gpu=dict())
+PROFILES = dict(smoke=dict(max_len=4096, pack_tokens=8192, batch_size=1, grad_accum=2, max_steps=4, eval_batch_size=4),
+                gpu=dict(pack_tokens=16384, batch_size=1, grad_accum=4))
 
 def sft_config(profile:str='gpu', **overrides) -> SFTConfig:
     "The recipe of `profile`, with `overrides` (None values are ignored)."
@@ -198,7 +276,7 @@ class ActionLoss:
         import torch
         nll, n = labelled_nll(outputs.hidden_states[-1], labels, self.head, self.chunk)
         self.labelled += n.detach()
-        self.batches.append(f"{labels.shape[0]} rows padded to {labels.shape[1]} tokens, {int(n)} labelled")
+        self.batches.append(f"{labels.shape[0]} rows of {labels.shape[1]} tokens, {int(n)} labelled")
         if not torch.isfinite(nll):
             raise NonFiniteTraining(f"the loss is {nll.item()} at optimizer step {self.step}, micro-batch "
                                     f"{len(self.batches)} ({self.batches[-1]}): the run stops")
@@ -287,7 +365,8 @@ def _trainer_args(cfg:SFTConfig, out_dir:Path, cuda:bool, progress:bool):
         warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, logging_steps=1,
         eval_strategy='no', save_strategy='steps' if cfg.save_steps else 'epoch', save_steps=cfg.save_steps or 500,
         bf16=cuda, use_cpu=not cuda, seed=cfg.seed, data_seed=cfg.seed, train_sampling_strategy='group_by_length',
-        remove_unused_columns=False, include_num_input_tokens_seen='non_padding',
+        remove_unused_columns=False,
+        include_num_input_tokens_seen='all' if cfg.pack_tokens else 'non_padding',  # packed rows hold no padding
         gradient_checkpointing=cfg.gradient_checkpointing, gradient_checkpointing_kwargs=dict(use_reentrant=False),
         report_to='none', disable_tqdm=not progress, dataloader_num_workers=0,
         logging_nan_inf_filter=False)  # a NaN loss is never hidden in the logs
@@ -311,12 +390,15 @@ def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None
     tok = AutoTokenizer.from_pretrained(path)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     transformers.set_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    attention = dict(attn_implementation=register_conversation_attention()) if cfg.pack_tokens else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **attention)
     model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                              target_modules=cfg.target_modules, task_type='CAUSAL_LM'))
     loss_fn = ActionLoss(model.get_output_embeddings(), cfg.loss_chunk)
     args = _trainer_args(cfg, out_dir, cuda, progress)
-    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=PadCollator(pad_id),
+    rows, collator = train, PadCollator(pad_id)
+    if cfg.pack_tokens: rows, collator = pack_rows(train, cfg.pack_tokens), PackedCollator()
+    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collator,
                       processing_class=tok, compute_loss_func=loss_fn,
                       callbacks=[_progress_callback(log, val, loss_fn, cfg, pad_id)])
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # log.jsonl has the step logs
@@ -336,6 +418,7 @@ def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None
              device=torch.cuda.get_device_name() if cuda else 'cpu', peak_gpu_gib=peak,
              trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad), config=asdict(cfg),
              data=dict(train=_data_info(train_rows), val=_data_info(val_rows or [])),
+             packing=pack_fill(rows, cfg.pack_tokens) if cfg.pack_tokens else None,
              versions=package_versions(('torch', 'transformers', 'peft', 'accelerate')))
     write_atomic(out_dir/'summary.json', json.dumps(s, indent=1))
     return s

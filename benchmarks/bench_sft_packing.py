@@ -1,0 +1,127 @@
+"""Training speed of LoRA SFT micro-batches (05_sft): one conversation a micro-batch, four padded together, or packed
+rows, with transformers' dense packed-sequence mask or with `conversation_attention`. Each variant runs forward and
+backward (the action-only loss, as `ActionLoss`) over the same conversations and reports real tokens/s (padding not
+counted), wall and CPU seconds and, on a GPU, peak memory. On a shared CPU machine, read the CPU seconds
+(`--threads 1` keeps them steady). Weights are random: the speed of a pass does not depend on them, and no model
+needs to travel. Models: `tiny` (05_sft's `tiny_model`), `smollm2` (SmolLM2-135M's shape, from the embedded
+checkpoint's config), `qwen-shape` (Qwen2.5-0.5B's shape, built from numbers).
+
+    python benchmarks/bench_sft_packing.py --model tiny --rows outputs/nbtest-05/sft_demo/sft_train.jsonl --out /tmp/packing.json
+    python benchmarks/bench_sft_packing.py --model qwen-shape --out benchmarks/results/sft_packing_qwen_shape.json   # on a GPU
+"""
+from __future__ import annotations
+import argparse, json, time
+from pathlib import Path
+
+VARIANTS = ('one', 'padded4', 'packed_mask', 'packed')
+
+
+def qwen_shape():
+    "The configuration of a Qwen2.5-0.5B-sized model."
+    from transformers import Qwen2Config
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                       rope_theta=1e6, tie_word_embeddings=True)
+
+
+def model_config(name:str, scratch:Path):
+    "The configuration of `name` (tiny, smollm2, qwen-shape) and a tokenizer folder, or None."
+    from transformers import AutoConfig
+    from shopping_grpo.model import materialize_model
+    from shopping_grpo.sft import tiny_model
+    if name == 'qwen-shape': return qwen_shape(), None
+    path = tiny_model(scratch/'tiny') if name == 'tiny' else materialize_model(name)
+    return AutoConfig.from_pretrained(str(path)), str(path)
+
+
+def synthetic_rows(n:int, lo:int, hi:int, seed:int=0, vocab:int=30000) -> list[dict]:
+    "`n` rows of `lo`..`hi` tokens: a 1,000-token prompt, then 600-token rounds whose last 40 tokens are labelled."
+    import random
+    rng, rows = random.Random(seed), []
+    for _ in range(n):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))]
+        rows.append(dict(input_ids=ids, labels=[t if i >= 1000 and i % 600 >= 560 else -100 for i, t in enumerate(ids)]))
+    return rows
+
+
+def micro_batches(variant:str, rows:list[dict], pack_tokens:int, pad_id:int):
+    "The collated micro-batches of `variant` over `rows`."
+    from shopping_grpo.sft import PadCollator, PackedCollator, pack_rows
+    if variant == 'one': return [PadCollator(pad_id)([r]) for r in rows]
+    if variant == 'padded4':
+        order = sorted(rows, key=lambda r: len(r['input_ids']))  # like lengths together, as group_by_length does
+        return [PadCollator(pad_id)(order[i:i + 4]) for i in range(0, len(order), 4)]
+    return [PackedCollator()([p]) for p in pack_rows(rows, pack_tokens)]
+
+
+def timed_pass(model, batches, device:str) -> tuple[float, float]:
+    "Wall and CPU seconds of forward and backward over `batches`, with the action-only loss."
+    import torch
+    from shopping_grpo.sft import ActionLoss
+    loss_fn = ActionLoss(model.get_output_embeddings())
+    if device == 'cuda': torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for b in batches:
+        b = {k: v.to(device) if hasattr(v, 'to') else v for k, v in b.items()}
+        labels = b.pop('labels')
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == 'cuda'):
+            loss = loss_fn(model(**b), labels)
+        loss.backward()
+    if device == 'cuda': torch.cuda.synchronize()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--model', default='tiny', choices=['tiny', 'smollm2', 'qwen2.5-0.5b', 'qwen-shape'])
+    ap.add_argument('--rows', default=None, help="trajectory JSONL (04_collect's sft_train.jsonl); none: synthetic rows")
+    ap.add_argument('--conversations', type=int, default=32, help='conversations per pass')
+    ap.add_argument('--lengths', default='1000,7500', help='synthetic rows: shortest,longest (the Qwen reference: mean 4,029)')
+    ap.add_argument('--max-len', type=int, default=8192)
+    ap.add_argument('--pack-tokens', type=int, default=16384)
+    ap.add_argument('--variants', default=','.join(VARIANTS))
+    ap.add_argument('--repeats', type=int, default=2, help='timed passes per variant, after one untimed')
+    ap.add_argument('--threads', type=int, default=None, help="CPU threads (torch's default: one per core)")
+    ap.add_argument('--scratch', default='outputs/bench-sft-packing')
+    ap.add_argument('--out', default=None)
+    a = ap.parse_args()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from peft import LoraConfig, get_peft_model
+    from shopping_grpo.records import package_versions
+    from shopping_grpo.sft import SFTData, register_conversation_attention
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if a.threads: torch.set_num_threads(a.threads)
+    cfg, tok_path = model_config(a.model, Path(a.scratch))
+    if a.rows:
+        rows = SFTData(a.rows, AutoTokenizer.from_pretrained(tok_path), a.max_len).rows[:a.conversations]
+    else:
+        rows = synthetic_rows(a.conversations, *map(int, a.lengths.split(',')), vocab=min(cfg.vocab_size, 30000))
+    tokens = sum(len(r['input_ids']) for r in rows)
+    res = dict(device=torch.cuda.get_device_name() if device == 'cuda' else f'cpu ({torch.get_num_threads()} threads)',
+               model=a.model, rows=a.rows or f'synthetic {a.lengths}', conversations=len(rows), tokens=tokens,
+               labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens,
+               versions=package_versions(('torch', 'transformers', 'peft')), variants={})
+    for v in a.variants.split(','):
+        attention = register_conversation_attention() if v == 'packed' else 'sdpa'
+        torch.manual_seed(0)
+        with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attention)
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules='all-linear')).train()
+        batches = micro_batches(v, rows, a.pack_tokens, 0)
+        timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
+        if device == 'cuda': torch.cuda.reset_peak_memory_stats()
+        seconds, cpu_seconds = min(timed_pass(model, batches, device) for _ in range(a.repeats))
+        res['variants'][v] = dict(micro_batches=len(batches), seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds),
+                                  cpu_seconds=round(cpu_seconds, 3), tokens_per_cpu_s=round(tokens / cpu_seconds),
+                                  longest_micro_batch=max(b['input_ids'].numel() for b in batches),
+                                  peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None)
+        print(v, json.dumps(res['variants'][v]), flush=True)
+        del model, batches
+        if device == 'cuda': torch.cuda.empty_cache()
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == '__main__':
+    main()
