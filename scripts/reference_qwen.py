@@ -1,5 +1,5 @@
 """The GPU reference of an embedded model (default: Qwen2.5-0.5B): expert collection, LoRA SFT, and the frozen
-benchmarks (template and freeform wording) for the untrained and the trained model, with the teacher-forced
+benchmarks (template, free-form and hand-written wording) for the untrained and the trained model, with the teacher-forced
 decisions of the trained one. One wording of the training requests per call; every stage resumes from what its
 folder holds. Small result files go to --out (summaries, logs, compressed trajectories, the fp16 adapter in pieces).
 
@@ -37,7 +37,7 @@ def options():
     ap.add_argument('--pack-tokens', type=int, default=0, help='conversations packed into rows of this many tokens, '
                     'one row a micro-batch (needs --batch-size 1); 0: padded micro-batches, as the recorded runs')
     ap.add_argument('--max-len', type=int, default=8192, help='longest conversation trained on, in tokens')
-    ap.add_argument('--benchmarks', default='template,freeform')
+    ap.add_argument('--benchmarks', default='template,freeform,human')
     ap.add_argument('--eval-batch', type=int, default=200, help='episodes in lockstep')
     ap.add_argument('--max-new-tokens', type=int, default=128)
     ap.add_argument('--n-agree', type=int, default=60, help='benchmark tasks whose expert episodes are teacher-forced')
@@ -137,9 +137,10 @@ def stage_eval(a, shop, run:Path, out:Path, models:dict):
             for f in ('summary.json', 'checks.jsonl', 'trajectories.jsonl'): keep(folder/f, out, f'{a.wording}_{folder.name}_{f}')
             log(f"{name} on {bench}: strict {s['strict_success']} purchase {s['purchase_success']} reward {s['mean_reward']} "
                 f"outcomes {s['outcomes']} in {time.time() - t0:.0f}s")
-        if 'freeform' in a.benchmarks and 'template' in a.benchmarks:
-            c = compare_wordings(run, name)
-            log(f"{name} template vs freeform: {json.dumps({k: c.get(k) for k in ('a_value', 'b_value', 'won', 'lost', 'p_value')})}")
+        benches = a.benchmarks.split(',')
+        for other in (b for b in benches if 'template' in benches and b != 'template'):  # each wording against the template one
+            c = compare_wordings(run, name, other)
+            log(f"{name} template vs {other}: {json.dumps({k: c.get(k) for k in ('a_value', 'b_value', 'won', 'lost', 'p_value')})}")
     if {'base', 'sft'} <= set(models):
         c = write_comparison(run, 'sft', 'base')
         log(f"sft vs base: {json.dumps({k: c.get(k) for k in ('a_value', 'b_value', 'won', 'lost', 'p_value')})}")

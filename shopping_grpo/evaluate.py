@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file,
                                    data_dir, package_versions, pin_run, code_sha256, task_list_sha256)
-from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS
+from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS, HUMAN_LANGS
 from .shop import Shop
 from .reward import INFRA_REASONS
 from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
@@ -55,15 +55,20 @@ def tasks_ident(shop:Shop, tasks:list[Task], source:str, benchmark_sha256:str|No
                 tasks_sha256=task_list_sha256(tasks), catalog_sha256=shop.catalog.sha256, lang=shop.catalog.lang)
 
 def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None, benchmark:str='template') -> tuple[list[Task], dict]:
-    "The tasks of benchmark `benchmark` (template or freeform) and what identifies them; refuses a changed frozen one."
-    found = verify_benchmark(shop.catalog.lang, data, benchmark)
-    if found is None and len(shop.catalog) == BENCHMARK['n_products']:  # the default shop: its benchmark must be found
+    "The tasks of benchmark `benchmark` (template, freeform or human) and what identifies them; refuses a changed frozen one."
+    lang = shop.catalog.lang
+    found = verify_benchmark(lang, data, benchmark)
+    exists = benchmark != 'human' or lang in HUMAN_LANGS
+    if found is None and len(shop.catalog) == BENCHMARK['n_products'] and exists:  # the default shop: its benchmark must be found
         raise FileNotFoundError(f"no frozen {benchmark} benchmark in {Path(data or data_dir())} for this shop; point "
                                 f"$SHOPPING_GRPO_DATA at the repository's data/ folder (an installed package has none)")
     head = (read_jsonl(found[0])[0] or [{}])[0] if found else {}
     named = '' if benchmark == 'template' else f' {benchmark}'  # the template benchmark keeps the names it always had
     if head.get('catalog_sha256') == shop.catalog.sha256:
         tasks, source, h = read_tasks(found[0], shop.catalog), 'frozen' + named, found[1]
+    elif benchmark == 'human':  # requests written by hand exist for the frozen tasks only
+        raise ValueError(f"the human benchmark holds requests written by hand for the frozen tasks of the default shop "
+                         f"({BENCHMARK['n_products']:,} products, in {', '.join(HUMAN_LANGS)}); this shop has none")
     else:
         tasks, source, h = shop.tasks['eval'], 'run eval split' + named, None
         if benchmark == 'freeform': tasks = reword_tasks(tasks, shop.catalog, BENCHMARK['task_seed'], 'heldout')
@@ -497,7 +502,7 @@ def eval_folder(name:str, benchmark:str='template') -> str:
 def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64,
                    data=None, device:str|None=None, strata=None, progress:bool=True,
                    play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
-                   benchmark:str='template',  # or 'freeform': the same tasks in held-out wording (eval_folder)
+                   benchmark:str='template',  # or 'freeform' (held-out wording), 'human' (written by hand): the same tasks (eval_folder)
                    **spec_kw) -> dict:
     "Evaluate the policy `spec` names on `benchmark` into `run_dir/eval/<folder>/` (`eval_folder`); the summary."
     spec = as_spec(spec, **spec_kw)
@@ -625,6 +630,7 @@ def write_comparison(run_dir, a:str, b:str, seed:int=0, n_resamples:int=10_000, 
     write_atomic(ev/'compare'/f'{a}_vs_{b}.json', json.dumps(c, indent=1, ensure_ascii=False))
     return c
 
-def compare_wordings(run_dir, model:str, seed:int=0, n_resamples:int=10_000) -> dict:
-    "Model `model` on the template benchmark against itself on the free-form one, task by task."
-    return write_comparison(run_dir, model, eval_folder(model, 'freeform'), seed, n_resamples, across=True)
+def compare_wordings(run_dir, model:str, benchmark:str='freeform', seed:int=0, n_resamples:int=10_000,
+                     base:str='template') -> dict:
+    "Model `model` on benchmark `base` against itself on `benchmark` (free-form or human), task by task."
+    return write_comparison(run_dir, eval_folder(model, base), eval_folder(model, benchmark), seed, n_resamples, across=True)

@@ -4,18 +4,20 @@
 
 # %% ../nbs/01_tasks.ipynb #6ff93bdf
 from __future__ import annotations
-import functools, hashlib, json, random, zlib
+import functools, hashlib, json, random, re, zlib
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
-from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price
+from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price, subcategories
 from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
 __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK',
-           'BENCHMARKS', 'TaskFacts', 'Task', 'satisfies', 'word_request', 'wording_styles', 'number_words',
-           'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword', 'reword_tasks', 'CategoryIndex',
-           'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks', 'benchmark_file',
-           'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform']
+           'BENCHMARKS', 'HUMAN_LANGS', 'TaskFacts', 'Task', 'satisfies', 'word_request', 'wording_styles',
+           'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword', 'reword_tasks',
+           'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
+           'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
+           'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'human_words', 'request_problems',
+           'request_frame', 'wording_variety', 'freeze_human']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -45,7 +47,7 @@ class Task:
     lang: str
     instruction: str
     facts: TaskFacts
-    wording: str|None = None  # id of the wording style; None: the template style
+    wording: str|None = None  # id of the wording style; None: the template style; 'human': written by hand
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -375,10 +377,10 @@ def read_tasks(path, catalog:Catalog|None=None) -> list[Task]:
 # %% ../nbs/01_tasks.ipynb #ea55d856
 BENCHMARK = dict(n_products=20_000, seed=0, task_seed=1, n_tasks=200)
 
-BENCHMARKS = ('template', 'freeform')  # the frozen benchmarks: the same tasks, in the template or held-out styles
+BENCHMARKS = ('template', 'freeform', 'human')  # the frozen benchmarks: the same tasks, in the template or held-out styles, or written by hand
 
 def benchmark_file(lang:str, name:str='template') -> str:
-    "The file name of frozen benchmark `name` in `lang`: `benchmark_en.jsonl`, `benchmark_en_freeform.jsonl`."
+    "The file name of frozen benchmark `name` in `lang`: `benchmark_en.jsonl`, `benchmark_en_human.jsonl`."
     if name not in BENCHMARKS: raise ValueError(f"unknown benchmark {name!r}: one of {BENCHMARKS}")
     return f'benchmark_{lang}.jsonl' if name == 'template' else f'benchmark_{lang}_{name}.jsonl'
 
@@ -433,3 +435,107 @@ def freeze_freeform(run_dir, langs=LANGS, out_dir=None) -> dict:
     "Write the free-form benchmark: the frozen tasks (same ids and facts) reworded in held-out styles; their hashes."
     def reworded(cat, lg, out): return reword_tasks(load_benchmark(cat, lg, 'template', out), cat, BENCHMARK['task_seed'], 'heldout')
     return _freeze(run_dir, langs, out_dir, 'freeform', reworded)
+
+# %% ../nbs/01_tasks.ipynb #0bb46da9
+HUMAN_LANGS = ('en',)  # languages the requests written by hand exist in
+
+def human_requests(lang:str='en', data=None) -> dict[str, str]:
+    "The requests written by hand for the frozen tasks, by task id: `human_requests_<lang>.jsonl` of `data` (default `data/`)."
+    if lang not in HUMAN_LANGS: raise ValueError(f"the human benchmark is written in {HUMAN_LANGS}, not in {lang!r}")
+    path = Path(data or data_dir())/f'human_requests_{lang}.jsonl'
+    rows = [json.loads(l) for l in path.read_text('utf-8').splitlines() if l.strip()]
+    out = {r['task_id']: r['instruction'] for r in rows}
+    if len(out) != len(rows): raise ValueError(f"{path}: a task id appears twice")
+    return out
+
+def human_tasks(tasks:list[Task], requests:dict[str, str]) -> list[Task]:
+    "The frozen `tasks` (same ids, facts and targets) asked in the `requests` written by hand, one for each."
+    missing = [t.task_id for t in tasks if t.task_id not in requests]
+    if missing or len(requests) != len(tasks):
+        raise ValueError(f"the requests written by hand must match the tasks one to one: {len(requests)} requests for "
+                         f"{len(tasks)} tasks, missing {missing[:3]}")
+    return [replace(t, instruction=requests[t.task_id], wording='human') for t in tasks]
+
+# %% ../nbs/01_tasks.ipynb #fd1298f2
+_UNITS = r'(?:mah|ml|mm|cm|kg|m|l|g|w)'
+
+def plain_words(text:str) -> str:
+    "`text` as the checks read it: lower case, '&' as 'and', no thousands commas, litres as 'l', hyphens as spaces, a number joined to its unit."
+    s = text.lower().replace('&', ' and ')
+    s = re.sub(r'(?<=\d),(?=\d{3}(?!\d))', '', s)
+    s = re.sub(r'(\d+(?:\.\d+)?) ?(?:litres?|liters?)\b', r'\1l', s)
+    s = re.sub(r'[-_/]', ' ', s)
+    s = re.sub(rf'(\d) (?={_UNITS}\b)', r'\1', s)
+    return re.sub(r'\s+', ' ', s).strip()
+
+def names_any(text:str, phrases) -> bool:
+    "Whether `text` says one of `phrases` as whole words (a plural ending allowed), both read as `plain_words`."
+    t = plain_words(text)
+    return any(re.search(rf'(?<![a-z0-9]){re.escape(plain_words(p))}(?:s|es)?(?![a-z0-9])', t) for p in phrases)
+
+# %% ../nbs/01_tasks.ipynb #7779aac3
+_AMOUNT = re.compile(r'(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(k)?(?!\w|\.\d)', re.I)
+_MONEY_BEFORE, _MONEY_AFTER = re.compile(r'(¥|rmb|yuan)\s*$', re.I), re.compile(r'\s*(yuan|rmb|元|块)', re.I)
+
+def stated_amounts(text:str) -> list[tuple[float, bool]]:
+    "Every amount `text` writes ('1428', '1,428', '1.4k', '¥1428', '1428 yuan'), and whether it is marked as money."
+    out = []
+    for m in _AMOUNT.finditer(text):
+        v = float(m.group(1).replace(',', '') + (m.group(2) or '')) * (1000 if m.group(3) else 1)
+        out.append((v, bool(_MONEY_BEFORE.search(text[:m.start()]) or _MONEY_AFTER.match(text[m.end():]))))
+    return out
+
+# %% ../nbs/01_tasks.ipynb #c65f58a7
+def human_words(lang:str='en', data=None) -> dict:
+    "The words listed for the human requests (`categories`, `features`, `options`): `human_words_<lang>.json` of `data`."
+    return json.loads((Path(data or data_dir())/f'human_words_{lang}.json').read_text('utf-8'))
+
+@functools.lru_cache(maxsize=1)
+def _category_names() -> dict: return {s.id: s.name['en'] for s in subcategories()}
+
+def request_problems(t:Task, words:dict) -> list[str]:
+    "The hard facts of task `t` its English request does not state (empty: it states them all); `words` as `human_words`."
+    f, x = t.facts, t.instruction
+    verbatim = lambda v: re.search(rf'(?<![a-z0-9-]){re.escape(v.lower())}(?![a-z0-9-])', x.lower())
+    cat, bad = _category_names()[f.category], []
+    if not names_any(x, [cat, *words['categories'].get(f.category, [])]): bad.append(f'category {cat!r}')
+    bad += [f'{k} {v!r}' for k, v in (('brand', f.brand), ('model', f.model)) if v and not verbatim(v)]
+    amounts = stated_amounts(x)
+    if f.budget is None and any(money for _, money in amounts): bad.append('money named, but the task has no budget')
+    if f.budget is not None:
+        if f.budget not in [v for v, _ in amounts]: bad.append(f'budget {f.budget:g}')
+        if above := [v for v, money in amounts if money and v > f.budget]: bad.append(f'money above the budget: {above}')
+    bad += [f'feature {k!r}' for k in f.features if not names_any(x, [k, *words['features'].get(k, [])])]
+    bad += [f'option {v!r}' for v in f.options.values() if not names_any(x, [v, *words['options'].get(v, [])])]
+    return bad
+
+# %% ../nbs/01_tasks.ipynb #fa532f8b
+def request_frame(t:Task) -> list[str]:
+    "The words of `t`'s request with its brand and model as `<name>` and numbers as `<n>`: how it is written, not what it asks."
+    s = t.instruction.lower()
+    for x in (t.facts.brand, t.facts.model):
+        if x: s = s.replace(x.lower(), ' <name> ')
+    ws = re.findall(r"<name>|[a-z0-9]+(?:['.,][a-z0-9]+)*", s)
+    return ['<n>' if re.fullmatch(r'[\d.,]+', w) else w for w in ws]
+
+def wording_variety(tasks:list[Task], n:int=7) -> dict:
+    "Distinct openings, lengths in words (shortest, quartiles, longest), and the `n`-word frames two requests share."
+    frames = [request_frame(t) for t in tasks]
+    lengths = sorted(len(w) for w in frames)
+    q = lambda p: lengths[round(p * (len(lengths) - 1))]
+    where = {}
+    for t, w in zip(tasks, frames):
+        for g in {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}: where.setdefault(g, []).append(t.task_id)
+    return dict(requests=len(tasks), openings=len({tuple(w[:3]) for w in frames}), shortest=lengths[0],
+                q1=q(0.25), median=q(0.5), q3=q(0.75), longest=lengths[-1],
+                shared_frames={' '.join(g): ids for g, ids in where.items() if len(ids) > 1})
+
+# %% ../nbs/01_tasks.ipynb #99d4f2ca
+def freeze_human(run_dir, langs=HUMAN_LANGS, out_dir=None) -> dict:
+    "Write the human benchmark: the frozen tasks asked in the requests written by hand, each checked to state its facts; hashes."
+    def asked(cat, lg, out):
+        ts, words = human_tasks(load_benchmark(cat, lg, 'template', out), human_requests(lg, out)), human_words(lg, out)
+        if bad := {t.task_id: e for t in ts if (e := request_problems(t, words))}:
+            raise ValueError(f"requests written by hand leave out facts: {bad}")
+        return ts
+    return _freeze(run_dir, langs, out_dir, 'human', asked)

@@ -1,13 +1,16 @@
 """Requests in varied wording: reproducible from the seed, the same tasks and unique targets as the template wording, a
-budget that always states the facts' bound, held-out styles kept out of training, and a free-form benchmark that
-refuses a modified file."""
+budget that always states the facts' bound, held-out styles kept out of training, a free-form benchmark that
+refuses a modified file, and a human benchmark of the same tasks whose requests, written by hand, each state
+their task's facts."""
 from __future__ import annotations
 import json, random, re, shutil
 import pytest
 
 from shopping_grpo.env import Catalog, build_catalog, LANGS
+from dataclasses import replace
 from shopping_grpo.tasks import (make_tasks, verify_task, CategoryIndex, wording_styles, word_varied, reword_tasks,
-                                 read_tasks, load_benchmark, benchmark_file, STYLE_SPLITS)
+                                 read_tasks, load_benchmark, benchmark_file, STYLE_SPLITS, human_tasks, human_requests,
+                                 human_words, request_problems, wording_variety)
 from shopping_grpo.records import data_dir
 from shopping_grpo.evaluate import verify_benchmark, BenchmarkMismatch
 from _helpers import N_PRODUCTS, SEED, TASK_SEED
@@ -162,3 +165,27 @@ def test_freeform_benchmark(tmp_path, catalogs):
         verify_benchmark('en', bad, 'freeform')
     with pytest.raises(ValueError, match='was made for catalog'):  # the unmodified file passes its hash check
         load_benchmark(catalogs['en'], 'en', 'freeform')
+
+
+def test_human_benchmark(tmp_path, catalogs):
+    "The human file holds the frozen tasks (same ids and facts) in the requests written by hand, each stating its facts."
+    tpl = read_tasks(data_dir()/benchmark_file('en'))
+    human = read_tasks(data_dir()/benchmark_file('en', 'human'))
+    assert [(t.task_id, t.facts) for t in human] == [(t.task_id, t.facts) for t in tpl]
+    assert [t.as_dict() for t in human] == [t.as_dict() for t in human_tasks(tpl, human_requests('en'))]
+    assert {t.wording for t in human} == {'human'} and all(h.instruction != t.instruction for h, t in zip(human, tpl))
+    words = human_words('en')
+    assert {t.task_id: e for t in human if (e := request_problems(t, words))} == {}
+    shoe = human[1]  # 'need loomera AE-937 running shoes in pink, size 42. ...'
+    assert request_problems(replace(shoe, instruction=shoe.instruction.replace('AE-937 ', '')), words) == ["model 'AE-937'"]
+    assert request_problems(replace(shoe, instruction=shoe.instruction.replace('pink', 'red')), words) == ["option 'pink'"]
+    variety = wording_variety(human)
+    assert variety['shared_frames'] == {} and variety['openings'] >= 170
+    bad = tmp_path/'data'
+    shutil.copytree(data_dir(), bad)
+    path = bad/benchmark_file('en', 'human')
+    path.write_text(path.read_text('utf-8').replace('"instruction": "', '"instruction": "hi, ', 1), 'utf-8')
+    with pytest.raises(ValueError, match='the benchmark was modified'):
+        load_benchmark(catalogs['en'], 'en', 'human', data=bad)
+    with pytest.raises(BenchmarkMismatch):
+        verify_benchmark('en', bad, 'human')
