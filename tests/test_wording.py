@@ -147,6 +147,18 @@ def test_heldout_styles_stay_out_of_training(made, tmp_path):
         wording_styles('en', path=tmp_path/'styles.json')
 
 
+def assert_an_edited_copy_is_refused(tmp_path, catalogs, benchmark:str):
+    "A copy of the data folder whose `benchmark` file has one request changed is refused by loading and by verifying."
+    bad = tmp_path/'data'
+    shutil.copytree(data_dir(), bad)
+    path = bad/benchmark_file('en', benchmark)
+    path.write_text(path.read_text('utf-8').replace('"instruction": "', '"instruction": "hi, ', 1), 'utf-8')
+    with pytest.raises(ValueError, match='the benchmark was modified'):
+        load_benchmark(catalogs['en'], 'en', benchmark, data=bad)
+    with pytest.raises(BenchmarkMismatch):
+        verify_benchmark('en', bad, benchmark)
+
+
 def test_freeform_benchmark(tmp_path, catalogs):
     "The free-form files hold the frozen tasks (same ids and facts) in held-out styles; a modified file is refused."
     for lg in LANGS:
@@ -155,14 +167,7 @@ def test_freeform_benchmark(tmp_path, catalogs):
         assert [(t.task_id, t.facts) for t in ff] == [(t.task_id, t.facts) for t in tpl]
         assert {t.wording for t in ff} <= {s['id'] for s in wording_styles(lg, 'heldout')}
         assert all(a.instruction != b.instruction for a, b in zip(ff, tpl))
-    bad = tmp_path/'data'
-    shutil.copytree(data_dir(), bad)
-    path = bad/benchmark_file('en', 'freeform')
-    path.write_text(path.read_text('utf-8').replace('"instruction": "', '"instruction": "hi, ', 1), 'utf-8')
-    with pytest.raises(ValueError, match='the benchmark was modified'):
-        load_benchmark(catalogs['en'], 'en', 'freeform', data=bad)
-    with pytest.raises(BenchmarkMismatch):
-        verify_benchmark('en', bad, 'freeform')
+    assert_an_edited_copy_is_refused(tmp_path, catalogs, 'freeform')
     with pytest.raises(ValueError, match='was made for catalog'):  # the unmodified file passes its hash check
         load_benchmark(catalogs['en'], 'en', 'freeform')
 
@@ -181,11 +186,4 @@ def test_human_benchmark(tmp_path, catalogs):
     assert request_problems(replace(shoe, instruction=shoe.instruction.replace('pink', 'red')), words) == ["option 'pink'"]
     variety = wording_variety(human)
     assert variety['shared_frames'] == {} and variety['openings'] >= 170
-    bad = tmp_path/'data'
-    shutil.copytree(data_dir(), bad)
-    path = bad/benchmark_file('en', 'human')
-    path.write_text(path.read_text('utf-8').replace('"instruction": "', '"instruction": "hi, ', 1), 'utf-8')
-    with pytest.raises(ValueError, match='the benchmark was modified'):
-        load_benchmark(catalogs['en'], 'en', 'human', data=bad)
-    with pytest.raises(BenchmarkMismatch):
-        verify_benchmark('en', bad, 'human')
+    assert_an_edited_copy_is_refused(tmp_path, catalogs, 'human')
