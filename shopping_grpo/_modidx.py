@@ -506,6 +506,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.judge.read_calibration': ('judge.html#read_calibration', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.read_rubrics': ('judge.html#read_rubrics', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.record_all': ('judge.html#record_all', 'shopping_grpo/judge.py'),
+                                     'shopping_grpo.judge.record_missing': ('judge.html#record_missing', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.requirement_truth': ('judge.html#requirement_truth', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.rubric_set_sha256': ('judge.html#rubric_set_sha256', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.run_agreement': ('judge.html#run_agreement', 'shopping_grpo/judge.py'),

@@ -31,15 +31,16 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages', 'plant_sentinels', 'JudgmentError',
            'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema', 'prompt_sha256', 'judge_record',
            'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view', 'judgeable', 'record_all',
-           'judge_model', 'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality', 'panel_behaviour',
-           'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event', 'purchased_asin',
-           'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement', 'truth_judgment',
-           'curator_agreement', 'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth',
-           'EvidenceLine', 'page_lines', 'purchase_evidence', 'Question', 'evidence_questions', 'question_messages',
-           'teaching_answer', 'worked_examples', 'Calibration', 'fit_calibration', 'answer_mass', 'evidence_sha256',
-           'evidence_record', 'evidence_judgment', 'calibration_trajectories', 'read_calibration', 'calibrate_judge',
-           'agreement_table', 'current_evidence', 'evidence_judgments', 'judge_evidence', 'known_mode',
-           'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement', 'run_judges']
+           'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality',
+           'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event',
+           'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
+           'truth_judgment', 'curator_agreement', 'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags',
+           'with_requirement_truth', 'EvidenceLine', 'page_lines', 'purchase_evidence', 'Question',
+           'evidence_questions', 'question_messages', 'teaching_answer', 'worked_examples', 'Calibration',
+           'fit_calibration', 'answer_mass', 'evidence_sha256', 'evidence_record', 'evidence_judgment',
+           'calibration_trajectories', 'read_calibration', 'calibrate_judge', 'agreement_table', 'current_evidence',
+           'evidence_judgments', 'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts', 'run_agreement',
+           'write_agreement', 'run_judges']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -625,14 +626,18 @@ def record_all(path, todo:list[dict], ask, workers:int=4, stop_after:int=3, prog
 def judge_model(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:Endpoint, workers:int=4,
                 max_tokens:int=4500, stop_after:int=3, progress:bool=True) -> dict:
     "Judge the trajectories of `model_dir` that lack a current judgment; the run's account (judged, failures, stop)."
+    return record_missing(model_dir, 'judgments.jsonl', tasks, lambda recs: current_judgments(model_dir, recs, rubrics, max_tokens),
+                          lambda r: judge_record(r, rubrics[r['task_id']], judge, max_tokens), workers, stop_after, progress, 'judge')
+
+def record_missing(model_dir, name:str, tasks:list[Task], current, ask, workers:int, stop_after:int, progress:bool, what:str) -> dict:
+    "Record `ask(r)` into `model_dir/name` for every judgeable trajectory `current(trajectories)` holds no record of; the run's account."
     model_dir = Path(model_dir)
-    path = model_dir/'judgments.jsonl'
+    path = model_dir/name
     repair_tail(path)
     recs = trajectories(model_dir)
-    have = current_judgments(model_dir, recs, rubrics, max_tokens)
+    have = current(recs)
     todo = [r for r in judgeable(recs, tasks) if r['task_id'] not in have]
-    ask = lambda r: judge_record(r, rubrics[r['task_id']], judge, max_tokens)
-    return record_all(path, todo, ask, workers, stop_after, progress, f'judge {model_dir.name}')
+    return record_all(path, todo, ask, workers, stop_after, progress, f'{what} {model_dir.name}')
 
 # %% ../nbs/08_judge.ipynb #e29d05d1
 def not_judged_reasons(tasks:list[Task], rubrics:dict, recs:dict, judgments:dict, failures:dict|None=None,
@@ -1339,14 +1344,8 @@ def evidence_judgments(model_dir, recs:dict, rubrics:dict[str, Rubric], cal:Cali
 def judge_evidence(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], scorer, cal:Calibration, workers:int=4,
                    stop_after:int=3, progress:bool=True) -> dict:
     "Ask the evidence judge about the trajectories of `model_dir` that lack a current record; the run's account."
-    model_dir = Path(model_dir)
-    path = model_dir/'evidence.jsonl'
-    repair_tail(path)
-    recs = trajectories(model_dir)
-    have = current_evidence(model_dir, recs, rubrics, cal)
-    todo = [r for r in judgeable(recs, tasks) if r['task_id'] not in have]
-    ask = lambda r: evidence_record(r, rubrics[r['task_id']], scorer, cal.examples)
-    return record_all(path, todo, ask, workers, stop_after, progress, f'evidence {model_dir.name}')
+    return record_missing(model_dir, 'evidence.jsonl', tasks, lambda recs: current_evidence(model_dir, recs, rubrics, cal),
+                          lambda r: evidence_record(r, rubrics[r['task_id']], scorer, cal.examples), workers, stop_after, progress, 'evidence')
 
 # %% ../nbs/08_judge.ipynb #cf4f5bba
 JUDGE_MODES = ('evidence', 'trajectory')  # who judges the requirements: the evidence judge, or the whole-trajectory one
