@@ -50,7 +50,8 @@ def parse():
     ap.add_argument('--n-val', type=int, default=None, help=f'validation tasks ({recipe})')
     ap.add_argument('--max-turns', type=int, default=None, help=f'turns an episode ({recipe})')
     ap.add_argument('--max-new-tokens', type=int, default=None, help=f'tokens a turn ({recipe})')
-    ap.add_argument('--decoder', default=None, choices=['slot', 'static', 'generate'], help=f'rollout decoder ({recipe})')
+    ap.add_argument('--decoder', default=None, choices=['continuous', 'slot', 'static', 'generate'],
+                    help=f'rollout decoder ({recipe})')
     ap.add_argument('--merged-decode', action=argparse.BooleanOptionalAction, default=None,
                     help=f'decode rollouts with a merged copy of the model ({recipe})')
     ap.add_argument('--extra-groups', type=int, default=None,

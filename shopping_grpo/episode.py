@@ -20,8 +20,8 @@ from .policies import ContextOverflow, ExpertPolicy
 
 # %% auto #0
 __all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'ChatRenderer', 'TokenEpisode', 'generated_text',
-           'played', 'hermes_text', 'scripted_run', 'run_lockstep', 'episode_valid', 'page_key', 'page_keys',
-           'run_episodes', 'play']
+           'played', 'hermes_text', 'scripted_run', 'run_lockstep', 'run_continuous', 'episode_valid', 'page_key',
+           'page_keys', 'run_episodes', 'play']
 
 # %% ../nbs/03_agent.ipynb #f21c85b0
 @dataclass
@@ -185,8 +185,10 @@ def delta(self:ChatRenderer, msg:dict) -> list[int]:
 # %% ../nbs/03_agent.ipynb #82abdf34
 class TokenEpisode:
     "An `Episode` as one growing id sequence with a response mask."
-    def __init__(self, episode:Episode, renderer:ChatRenderer, max_context:int=8192, max_new_tokens:int=256):
+    def __init__(self, episode:Episode, renderer:ChatRenderer, max_context:int=8192, max_new_tokens:int=256,
+                 seed:str|None=None):  # what an engine seeds this episode's draws from (run_continuous)
         self.ep, self.r, self.max_context, self.max_new_tokens = episode, renderer, max_context, max_new_tokens
+        self.seed = seed
         self.prompt_ids = renderer.ids(renderer.text(episode.messages, gen=True))
         self.response_ids, self.response_mask, self.turns, self.logprobs = [], [], [], []
         if len(self.prompt_ids) + max_new_tokens > max_context: episode.end('context_overflow')
@@ -257,10 +259,11 @@ def scripted_run(shop:Shop, task:Task, renderer:ChatRenderer, lang:str='en', **k
     return played(shop, task, ExpertPolicy(shop.catalog), renderer, lang, **kw)
 
 # %% ../nbs/03_agent.ipynb #1c0b04c0
-def _fail(te:TokenEpisode, reason:str, err:Exception):
-    "End an episode whose generation or shop step raised: an infrastructure end, flagged and kept in the record."
-    te.ep.flags[reason] += 1
-    te.ep.end(reason, f'{type(err).__name__}: {err}')
+@patch
+def fail(self:TokenEpisode, reason:str, err:Exception):
+    "End the episode after its generation or shop step raised: an infrastructure end, flagged and kept in the record."
+    self.ep.flags[reason] += 1
+    self.ep.end(reason, f'{type(err).__name__}: {err}')
 
 def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, name:str, batch_size:int=64,
                  lang:str='en', max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False):
@@ -279,14 +282,37 @@ def run_lockstep(shop:Shop, tasks:list[Task], generate, renderer:ChatRenderer, n
                 lps = getattr(generate, 'last_logprobs', None) or [None]*len(outs)
             except Exception as e:  # a failed generation ends the episodes it was for
                 outs, lps = [], []
-                for _, _, te in ready: _fail(te, 'generation_error', e)
+                for _, _, te in ready: te.fail('generation_error', e)
             for (_, _, te), out, lp in zip(ready, outs, lps):
                 try: te.feed(out, lp)
-                except Exception as e: _fail(te, 'env_error', e)
+                except Exception as e: te.fail('env_error', e)
         for x in [x for x in live if x[2].done]:
             live.remove(x)
             bar.update()
             yield x[2].record(name, seconds=round(time.time() - x[1], 3))
+
+# %% ../nbs/03_agent.ipynb #7a331fd4
+def run_continuous(shop:Shop, tasks:list[Task], engine, renderer:ChatRenderer, name:str, lang:str='en',
+                   max_turns:int=35, max_context:int=8192, max_new_tokens:int=256, progress:bool=False,
+                   key:str|None=None):  # what the episodes' draws are keyed by (None: the engine's play count)
+    """Yield the trajectory record of each task as its episode ends, `engine` (03b_generate's `ContinuousDecoder`)
+    playing the episodes on its rows: a turn starts as soon as its tool answer is in, an ended episode's row takes
+    the next task. An episode's draws are seeded by `key`, its task and which copy of that task it is."""
+    from tqdm.auto import tqdm
+    bar, started = tqdm(total=len(tasks), desc=name, disable=not progress, mininterval=2), {}
+    key = engine.plays if key is None else key
+    def episodes():
+        copies = Counter()
+        for t in tasks:
+            t0 = time.time()
+            te = TokenEpisode(Episode(shop.env(max_turns), t, lang, max_turns), renderer, max_context, max_new_tokens,
+                              seed=f'{key}:{t.task_id}:{copies[t.task_id]}')
+            copies[t.task_id] += 1
+            started[id(te)] = t0
+            yield te
+    for te in engine.play(episodes()):
+        bar.update()
+        yield te.record(name, seconds=round(time.time() - started.pop(id(te)), 3))
 
 # %% ../nbs/03_agent.ipynb #69bae5ae
 def episode_valid(rec:dict) -> bool:
@@ -325,6 +351,8 @@ def run_episodes(shop:Shop, tasks:list[Task], policy, renderer:ChatRenderer|None
     lockstep, message policies on `workers` threads."""
     if renderer is not None:
         name = getattr(policy, 'name', 'model')
+        if hasattr(policy, 'play'):  # an engine that plays whole episodes on its rows (continuous batching)
+            return run_continuous(shop, tasks, policy, renderer, name, lang, max_turns, **token_kw)
         return run_lockstep(shop, tasks, policy, renderer, name, batch_size, lang, max_turns, **token_kw)
     return _message_records(shop, tasks, policy, lang, max_turns, workers, make_env)
 

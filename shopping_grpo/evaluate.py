@@ -21,8 +21,8 @@ from .collect import shopping_trace
 from .episode import run_message_episode, play
 
 # %% auto #0
-__all__ = ['SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS', 'NAV_TOOLS',
-           'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
+__all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
+           'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
            'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name',
            'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy',
            'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
@@ -78,6 +78,8 @@ def benchmark_tasks(shop:Shop, n_eval:int|None=None, data=None, benchmark:str='t
     return tasks, tasks_ident(shop, tasks, source, h)
 
 # %% ../nbs/07_evaluate.ipynb #7c1f9616
+DECODERS = ('continuous', 'slot', 'static', 'generate')  # a local checkpoint's decoders (03b_generate)
+
 @dataclass
 class PolicySpec:
     "A named policy to evaluate and how to build it."
@@ -90,7 +92,11 @@ class PolicySpec:
     timeout: float = 120.0              # openai/vllm: seconds per request
     max_retries: int = 5                # openai/vllm: retries with backoff per request
     seed: int = 0                       # random shopper
+    decoder: str|None = None            # transformers: continuous, slot, static or generate; None: `local_decoder`
     policy: object = None               # custom: a ready policy object
+    def __post_init__(self):
+        if self.decoder not in (None, *DECODERS):
+            raise ValueError(f"unknown decoder {self.decoder!r}: one of {', '.join(DECODERS)}")
     def public(self) -> dict:
         "The spec's fields, without the policy object."
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'policy'}
@@ -120,18 +126,23 @@ def as_spec(x, **kw) -> PolicySpec:
 
 # %% ../nbs/07_evaluate.ipynb #d556c187
 def local_decoder(device:str|None=None) -> str:
-    "The decoder a local checkpoint plays with: 'static' (static KV cache, CUDA graphs) on CUDA, else 'generate'."
+    """The decoder a local checkpoint plays with unless its spec names one: 'continuous' (whole episodes on a pool of
+    rows, CUDA graphs) on CUDA, else 'generate'."""
     import torch
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    return 'static' if str(device).startswith('cuda') else 'generate'
+    return 'continuous' if str(device).startswith('cuda') else 'generate'
 
-def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None):
-    "A local checkpoint as a greedy token policy (the static-cache decoder on CUDA), and the runner arguments it needs."
+def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None, rows:int=64):
+    """A local checkpoint as a greedy token policy (the spec's decoder, else `local_decoder`'s; the slot decoder and
+    the continuous engine hold `rows` episodes), and the runner arguments it needs."""
     from shopping_grpo.model import materialize_model
-    from shopping_grpo.generate import TransformersPolicy, StaticDecoder
+    from shopping_grpo import generate
     from shopping_grpo.episode import ChatRenderer
-    decoder = StaticDecoder if local_decoder(device) == 'static' else TransformersPolicy
-    pol = decoder(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device)
+    name = spec.decoder or local_decoder(device)
+    decoder = getattr(generate, dict(generate='TransformersPolicy', static='StaticDecoder', slot='SlotDecoder',
+                                     continuous='ContinuousDecoder')[name])
+    kw = dict(rows=rows) if name in ('slot', 'continuous') else {}
+    pol = decoder(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device, **kw)
     pol.name = spec.name
     return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens)
 
@@ -150,13 +161,13 @@ def scripted_policy(kind:str, shop:Shop, seed:int=0) -> ShopperPolicy:
 
 # %% ../nbs/07_evaluate.ipynb #8e7173c3
 @contextmanager
-def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None, run_dir=None):
-    """The policy `spec` names and the extra arguments `evaluate` needs for it; a server it starts is stopped after
-    (and its pid file goes under `run_dir`, when given)."""
+def open_policy(spec:PolicySpec, shop:Shop, lang:str='en', device:str|None=None, run_dir=None, rows:int=64):
+    """The policy `spec` names and the extra arguments `evaluate` needs for it (a local checkpoint's decoder holds
+    `rows` episodes); a server it starts is stopped after (and its pid file goes under `run_dir`, when given)."""
     k = spec.kind
     if k == 'custom': yield spec.policy, {}
     elif k in SCRIPTED: yield scripted_policy(k, shop, spec.seed), {}
-    elif k == 'transformers': yield local_policy(spec, lang, device)
+    elif k == 'transformers': yield local_policy(spec, lang, device, rows)
     elif k == 'openai': yield endpoint_policy(spec, lang), {}
     elif k == 'vllm':
         from shopping_grpo.model import VLLMServer
@@ -510,7 +521,7 @@ def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int
     out, settings = Path(run_dir)/'eval'/eval_folder(spec.name, benchmark), eval_settings(spec, ident, shop, max_turns)
     prepare_folder(out, settings)
     t0 = time.time()
-    with open_policy(spec, shop, ident['lang'], device, run_dir) as (pol, kw):
+    with open_policy(spec, shop, ident['lang'], device, run_dir, batch_size) as (pol, kw):
         if why := endpoint_down(pol):
             warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
                           f"infrastructure_invalid (generation_error), counted as not judged, "

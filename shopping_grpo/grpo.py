@@ -10,7 +10,7 @@ from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
 from .records import write_atomic, append_record, pin_run, read_jsonl
-from .episode import run_lockstep, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
+from .episode import run_lockstep, run_continuous, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
 from .reward import known_reward, training_reward
 
@@ -53,7 +53,7 @@ class GRPORecipe:
     max_turns:int = 35                   # the shop's step limit
     max_new_tokens:int = 128             # per turn
     max_context:int = 8192               # tokens; an episode that would outgrow it ends as context_overflow
-    # episodes decoded together at most: a step's groups and extra groups
+    # episodes decoded together at most: a step's groups and extra groups (the continuous decoder's rows)
     # (a prefill of many 8k contexts runs out of GPU memory)
     lockstep_batch:int = 48
     # dynamic sampling: fresh groups played in the same lockstep pass, kept in place of groups without reward variance
@@ -65,8 +65,10 @@ class GRPORecipe:
     merged_decode:bool = False
     val_every:int = 10                   # steps between validations (and checkpoints)
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
-    # 'generate' (TransformersPolicy), 'static' (StaticDecoder: prefills every context whole each turn) or
-    # 'slot' (SlotDecoder: each episode keeps its KV cache between turns, one row each); CUDA graphs on GPU
+    # 'generate' (TransformersPolicy), 'static' (StaticDecoder: prefills every context whole each turn),
+    # 'slot' (SlotDecoder: each episode keeps its KV cache between turns, one row each) or 'continuous'
+    # (ContinuousDecoder: plays whole episodes on its rows, a turn starting as soon as its tool answer is in);
+    # CUDA graphs on GPU
     decoder:str = 'generate'
     # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
     batch_multiple:int = 16
@@ -88,7 +90,7 @@ PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, m
                            extra_groups=1, merged_decode=True,
                            val_every=1, n_val=2),
                 # the reference run: one episode a micro-batch (padded micro-batches gave NaN gradients, 05_sft), every grpo_val task
-                gpu=dict(decoder='slot', merged_decode=True, micro_batch=1, n_val=100))
+                gpu=dict(decoder='continuous', merged_decode=True, micro_batch=1, n_val=100))
 
 def grpo_recipe(profile:str='gpu', **overrides) -> GRPORecipe:
     "The recipe of `profile`, with `overrides` (None values are ignored)."
@@ -168,11 +170,14 @@ def kept_groups(n_played:int, flat:list[int], n:int) -> list[int]:
 
 # %% ../nbs/06_grpo.ipynb #ca104151
 def make_policy(model, tokenizer, recipe:GRPORecipe):
-    "The token policy that samples from `model`: `SlotDecoder`, `StaticDecoder` or `TransformersPolicy` (the recipe's)."
-    from shopping_grpo.generate import TransformersPolicy, StaticDecoder, SlotDecoder
+    """The token policy that samples from `model`: `ContinuousDecoder`, `SlotDecoder`, `StaticDecoder` or
+    `TransformersPolicy` (the recipe's)."""
+    from shopping_grpo.generate import TransformersPolicy, StaticDecoder, SlotDecoder, ContinuousDecoder
     dev = str(next(model.parameters()).device)
     kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p,
               max_new_tokens=recipe.max_new_tokens, device=dev)
+    if recipe.decoder == 'continuous':
+        return ContinuousDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context, **kw)
     if recipe.decoder == 'slot':
         return SlotDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context, **kw)
     if recipe.decoder == 'static': return PaddedBatch(StaticDecoder(seed=recipe.seed, **kw), recipe.batch_multiple)
@@ -261,22 +266,30 @@ class ShopRollout:
 
 # %% ../nbs/06_grpo.ipynb #eb17b14a
 @patch
-def play(self:ShopRollout, tasks:list, model, timing:dict) -> list[dict]:
-    "Records of `tasks` (in order), played by the lockstep runner; its seconds and decoder counts added to `timing`."
+def play(self:ShopRollout, tasks:list, model, timing:dict, key:str|None=None) -> list[dict]:
+    """Records of `tasks` (in order), played by the lockstep runner, or by the policy itself when it is an engine
+    (its episodes' draws keyed by `key`); its seconds and decoder counts added to `timing`."""
     pol, t0, n = self.policy_for(model), time.time(), dict(gen_s=0.0, decoder_calls=0, decode_steps=0)
-    def timed(contexts):
-        t = time.time()
-        out = pol(contexts)
-        n['gen_s'] += time.time() - t
-        n['decoder_calls'] += 1
-        n['decode_steps'] += max(map(len, out), default=0)
-        timed.last_logprobs = getattr(pol, 'last_logprobs', None)
-        return out
     c = self.cfg
+    kw = dict(lang=self.lang, max_turns=c.max_turns, max_context=c.max_context, max_new_tokens=c.max_new_tokens)
+    if hasattr(pol, 'play'):  # an engine: its model time, prefill passes and decode steps
+        before = pol.gen_seconds, pol.prefill_passes, pol.decode_steps
+        recs = list(run_continuous(self.shop, tasks, pol, self.r, 'grpo', key=key, **kw))
+        n.update(gen_s=pol.gen_seconds - before[0], decoder_calls=pol.prefill_passes - before[1],
+                 decode_steps=pol.decode_steps - before[2])
+    else:
+        def timed(contexts):
+            t = time.time()
+            out = pol(contexts)
+            n['gen_s'] += time.time() - t
+            n['decoder_calls'] += 1
+            n['decode_steps'] += max(map(len, out), default=0)
+            timed.last_logprobs = getattr(pol, 'last_logprobs', None)
+            return out
+        recs = list(run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch),
+                                 **kw))
     by = defaultdict(list)
-    for r in run_lockstep(self.shop, tasks, timed, self.r, 'grpo', batch_size=min(len(tasks), c.lockstep_batch),
-                          lang=self.lang, max_turns=c.max_turns,
-                          max_context=c.max_context, max_new_tokens=c.max_new_tokens): by[r['task_id']].append(r)
+    for r in recs: by[r['task_id']].append(r)
     n['env_s'] = time.time() - t0 - n['gen_s']
     for k, v in n.items(): timing[k] = timing.get(k, 0) + v
     return [by[t.task_id].pop() for t in tasks]
@@ -298,13 +311,13 @@ def sample(self:ShopRollout, task_ids:list[str], model, step:int) -> tuple[list[
     tasks = [self.shop.by_id[t] for t in task_ids[::G]]
     n, used = len(tasks), {t.task_id for t in tasks}
     tasks += self.fresh(rng, used, c.extra_groups)
-    recs = self.play([t for t in tasks for _ in range(G)], model, timing)
+    recs = self.play([t for t in tasks for _ in range(G)], model, timing, key=f'step {step}')  # a resumed run draws alike
     first = flat_groups(recs, G, c.reward)
     recs = [r for g in kept_groups(len(tasks), first, n) for r in recs[g * G:(g + 1) * G]]
     flat, rounds, played = flat_groups(recs, G, c.reward), 0, len(tasks) * G
     while flat and rounds < c.resample_rounds and (new_tasks := self.fresh(rng, used, len(flat))):
         rounds += 1
-        new = self.play([t for t in new_tasks for _ in range(G)], model, timing)
+        new = self.play([t for t in new_tasks for _ in range(G)], model, timing, key=f'step {step} round {rounds}')
         played += len(new)
         for k, g in enumerate(flat[:len(new_tasks)]): recs[g * G:(g + 1) * G] = new[k * G:(k + 1) * G]
         flat = flat_groups(recs, G, c.reward)
@@ -403,7 +416,7 @@ def validate(run:GRPORun, model, step:int) -> dict:
                                  temperature=0.0), progress=False, max_context=c.max_context,
                      max_new_tokens=c.max_new_tokens)
         # the captured graphs read the adapter weights in place: check them on the trained weights
-        if c.decoder in ('static', 'slot'):
+        if c.decoder in ('static', 'slot', 'continuous'):
             gap = decoder_gap(model, pol,
                               [TokenEpisode(Episode(run.shop.env(), t, run.lang), run.renderer).prompt_ids
                                for t in run.val_tasks[:8]])
