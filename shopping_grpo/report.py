@@ -12,18 +12,19 @@ from fastcore.basics import patch
 from .records import write_atomic, read_jsonl, sha256_file, package_versions
 
 # %% auto #0
-__all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_FIGURES', 'PANELS', 'PAIR_FIGURES',
-           'OUTCOME_COLORS', 'PAIR_METRICS', 'CSS', 'HEADLINE', 'MODEL_LINKS', 'PAIR_COLS', 'TASK_COLS', 'VIEWER_CSS',
-           'VIEWER_JS', 'REPORT_PACKAGES', 'read_json', 'jsonl_records', 'either', 'ModelResult', 'by_task',
-           'read_model', 'model_order', 'RunResults', 'read_stage', 'missing_sentences', 'read_run', 'model_figures',
-           'panel_values', 'panel_rows', 'panel_note', 'judge_flags', 'outcome_rows', 'strata_rows', 'stratum_order',
-           'step_rows', 'tool_rows', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows',
-           'speed_figures', 'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg',
-           'outcome_chart', 'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart',
-           'curves_chart', 'time_split_chart', 'esc', 'fmt', 'table', 'page', 'Report', 'note', 'flag', 'headline_rows',
-           'benchmark_line', 'task_rows', 'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text',
-           'reply_pages', 'episode_turns', 'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data',
-           'script_json', 'availability', 'collect_section', 'build_report']
+__all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_FIGURES', 'PANELS', 'KAPPA_BAR',
+           'TASK_AGREEMENT_BAR', 'PAIR_FIGURES', 'OUTCOME_COLORS', 'PAIR_METRICS', 'CSS', 'HEADLINE', 'MODEL_LINKS',
+           'PAIR_COLS', 'TASK_COLS', 'VIEWER_CSS', 'VIEWER_JS', 'REPORT_PACKAGES', 'read_json', 'jsonl_records',
+           'either', 'ModelResult', 'by_task', 'read_model', 'model_order', 'RunResults', 'read_stage',
+           'missing_sentences', 'read_run', 'model_figures', 'panel_values', 'panel_rows', 'panel_note', 'judge_flags',
+           'run_judges', 'panel_agreement', 'outcome_rows', 'strata_rows', 'stratum_order', 'step_rows', 'tool_rows',
+           'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows', 'speed_figures', 'speed_rows',
+           'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg', 'outcome_chart', 'strata_chart',
+           'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart', 'curves_chart', 'time_split_chart', 'esc',
+           'fmt', 'table', 'page', 'Report', 'note', 'flag', 'headline_rows', 'benchmark_line', 'task_rows',
+           'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text', 'reply_pages', 'episode_turns',
+           'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data', 'script_json', 'availability',
+           'collect_section', 'build_report']
 
 # %% ../nbs/09_report.ipynb #dc46c2e6
 def read_json(path, notes:list|None=None) -> dict|list|None:
@@ -100,6 +101,7 @@ class RunResults:
     absent: list                # sentences: what is missing, and what the report leaves out for it
     inputs: dict                # SHA-256 of every file read, by path relative to the run
     grpo_runs: dict             # records of every grpo*/metrics.jsonl by folder name (GRPO and its credit variants)
+    agreements: dict = field(default_factory=dict)  # eval/agreement_<judge>.json of 08_judge, by judge
 
 # %% ../nbs/09_report.ipynb #19d21d07
 STAGE_FILES = {  # name: (path in the run, the stage that writes it, what it is)
@@ -149,11 +151,14 @@ def read_run(run_dir) -> RunResults:
     rubrics = by_task(jsonl_records(ev/'rubrics.jsonl', notes))
     stages = {k: read_stage(run_dir, k, notes) for k in STAGE_FILES}
     grpo_runs = {p.parent.name: jsonl_records(p, notes) for p in sorted(run_dir.glob('grpo*/metrics.jsonl'))}
+    agreement_files = sorted(ev.glob('agreement_*.json'))
+    agreements = {a.get('judge', p.stem): a for p in agreement_files if (a := read_json(p, notes))}
     files = ([run_dir/p for m in models.values() for p in m.files.values()] + compare_files + [ev/'rubrics.jsonl'] +
-             [run_dir/v[0] for v in STAGE_FILES.values()] + [run_dir/n/'metrics.jsonl' for n in grpo_runs])
+             [run_dir/v[0] for v in STAGE_FILES.values()] + [run_dir/n/'metrics.jsonl' for n in grpo_runs] +
+             agreement_files)
     inputs = {str(p.relative_to(run_dir)): sha256_file(p) for p in files if p.exists()}
     absent = missing_sentences(models, comparisons, rubrics, stages) + notes
-    return RunResults(run_dir, models, comparisons, rubrics, stages, absent, inputs, grpo_runs)
+    return RunResults(run_dir, models, comparisons, rubrics, stages, absent, inputs, grpo_runs, agreements)
 
 # %% ../nbs/09_report.ipynb #a983646b
 OUTCOME_FIGURES = ('n_tasks', 'n_episodes', 'strict_success', 'purchase_success', 'done_rate', 'mean_reward',
@@ -213,6 +218,35 @@ def judge_flags(models:dict) -> list[str]:
     "Why the run's judge should not be trusted: `calibration_flags` of 08_judge over the models' judge summaries."
     from shopping_grpo.judge import calibration_flags
     return calibration_flags({n: m.judge for n, m in models.items() if m.judge})
+
+# %% ../nbs/09_report.ipynb #ccaa9a28
+KAPPA_BAR = 0.6        # a judge's verdicts count as evidence from this Cohen's kappa against the shop's truth
+TASK_AGREEMENT_BAR = 0.9  # and when its 'all met' agrees this often with strict success (the judge issue's goals)
+
+def run_judges(models:dict) -> set[str]:
+    "The judges named by the models' judge summaries."
+    return {j['judge'].get('model') for m in models.values() if (j := m.judge) and isinstance(j.get('judge'), dict)} - {None}
+
+def panel_agreement(panel:str, models:dict, agreements:dict) -> tuple[str, bool]|None:
+    """What the measured agreement of the judge behind a judged panel says: a sentence, and whether the panel is
+    evidence (kappa at least `KAPPA_BAR`, task agreement at least `TASK_AGREEMENT_BAR`); None for the panels the code computes, or when no model was judged."""
+    source = PANELS[panel][0]
+    judges = run_judges(models)
+    if source == 'figures' or not judges: return None
+    if source == 'C_quality':
+        return 'The five trajectory scores have no truth to be measured against: greyed out, an opinion.', False
+    measured = {j: agreements[j] for j in sorted(judges) if j in agreements}
+    if not measured:
+        return f"No agreement measured for judge {', '.join(sorted(judges))} (eval/agreement_<judge>.json): greyed out.", False
+    said, ok = [], True
+    for j, a in measured.items():
+        o, task = a['pooled']['overall'], a['pooled'].get('all_met_vs_strict') or {}
+        k = o.get('kappa')
+        ok = ok and k is not None and k >= KAPPA_BAR and (task.get('agreement') or 0) >= TASK_AGREEMENT_BAR
+        kappa = f'kappa {k:.2f}' if k is not None else f"kappa undefined ({o.get('kappa_undefined')})"
+        agree = f"; all met agrees with strict success on {task['agreement']:.0%} of tasks" if task.get('agreement') is not None else ''
+        said.append(f"Judge {j}: {kappa} over {o['n']} verdicts of known truth (bar {KAPPA_BAR}){agree} (bar {TASK_AGREEMENT_BAR:.0%}).")
+    return ' '.join(said) + ('' if ok else ' Below the bar: greyed out.'), ok
 
 # %% ../nbs/09_report.ipynb #209cfa4b
 def outcome_rows(models:dict) -> list[dict]:
@@ -518,6 +552,7 @@ figure{margin:.5em 0;display:inline-block;vertical-align:top}figcaption{color:#5
 .note{color:#8a5300;background:#fff8e1;border-left:3px solid #ffb300;padding:4px 8px;margin:.4em 0}.muted{color:#777}
 .flag{color:#b71c1c;background:#ffebee;border-left:3px solid #c62828;padding:4px 8px;margin:.4em 0;font-weight:bold}\
 .panel .flag{max-width:240px}
+.panel.below{opacity:.55;filter:grayscale(1)}.panel .agreement{max-width:240px;color:#455a64;font-size:12px;margin:.3em 0}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 """
 
@@ -564,14 +599,18 @@ def headline_rows(models:dict) -> list[dict]:
 
 @patch
 def panels(self:Report, models:dict, tag:str) -> str:
-    "The four panels of `models`, side by side; an empty one says why, and the judge's carry its flags."
+    "The four panels of `models`, side by side; an empty one says why; the judge's carry its flags and its agreement, greyed out below the bar."
     cells, flags = [], judge_flags(self.run.models)
     for i, panel in enumerate(PANELS):
         rows, why = panel_rows(models, panel), panel_note(models, panel)
         body = self.figure(f'{tag}-panel-{"abcd"[i]}', lambda r: metric_bars(r, self.names), rows, '',
                            why or 'Nothing recorded.', tag == 'all')
         warn = '' if PANELS[panel][0] == 'figures' else ''.join(flag(f'Judge flagged: {f}') for f in flags)
-        cells.append(f'<div class="panel"><h3>{esc(panel)}</h3>{warn}{body}{note(why) if rows and why else ""}</div>')
+        agreement = panel_agreement(panel, models, self.run.agreements) if rows else None
+        measure = f'<p class="agreement">{esc(agreement[0])}</p>' if agreement else ''
+        grey = ' below' if agreement and not agreement[1] else ''
+        cells.append(f'<div class="panel{grey}"><h3>{esc(panel)}</h3>{warn}{measure}{body}'
+                     f'{note(why) if rows and why else ""}</div>')
     return f'<div class="panels">{"".join(cells)}</div>'
 
 # %% ../nbs/09_report.ipynb #bc171d6f
