@@ -34,13 +34,13 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality',
            'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event',
            'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
-           'truth_judgment', 'curator_agreement', 'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags',
-           'with_requirement_truth', 'EvidenceLine', 'page_lines', 'purchase_evidence', 'Question',
-           'evidence_questions', 'question_messages', 'teaching_answer', 'worked_examples', 'Calibration',
-           'fit_calibration', 'answer_mass', 'evidence_sha256', 'evidence_record', 'evidence_judgment',
-           'calibration_trajectories', 'read_calibration', 'calibrate_judge', 'agreement_table', 'current_evidence',
-           'evidence_judgments', 'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts', 'run_agreement',
-           'write_agreement', 'run_judges']
+           'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement', 'prompt_leaks',
+           'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine', 'page_lines',
+           'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
+           'worked_examples', 'Calibration', 'fit_calibration', 'answer_mass', 'evidence_sha256', 'evidence_record',
+           'evidence_judgment', 'calibration_trajectories', 'read_calibration', 'calibrate_judge', 'agreement_table',
+           'current_evidence', 'evidence_judgments', 'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts',
+           'run_agreement', 'write_agreement', 'run_judges']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -902,6 +902,23 @@ def truth_judgment(rec:dict, rubric:Rubric) -> dict:
             for k, t in requirement_truth(rec, rubric).items()}
     return dict(requirements=reqs, scores={k: 1 for k in SCORES}, error_category='none', summary='the truth, by code')
 
+# %% ../nbs/08_judge.ipynb #2ed66d20
+def evidence_truth(rec:dict) -> int|None:
+    "What the shop recorded of an episode's checks (details read + options chosen, 0-2); None when it bought nothing."
+    ev = (rec.get('reward_detail') or {}).get('evidence') or {}
+    if rec.get('termination_reason') != 'purchase' or not {'details_read', 'options_chosen'} <= set(ev): return None
+    return int(bool(ev['details_read'])) + int(bool(ev['options_chosen']))
+
+def score_agreement(judgments:dict, recs:dict, score:str='evidence_verification') -> dict:
+    "The judge's `score` (0-2) against `evidence_truth`: n, exact agreement, kappa, and the confusion {said: {truth: n}}."
+    counts = Counter()
+    for key, j in judgments.items():
+        if (jj := _judgment(j)) is None or key not in recs or (t := evidence_truth(recs[key])) is None: continue
+        if (s := (jj.get('scores') or {}).get(score)) in (0, 1, 2): counts[s, t] += 1
+    n, kappa = sum(counts.values()), cohen_kappa(counts)
+    return dict(score=score, n=n, exact=_rate(sum(c for (s, t), c in counts.items() if s == t), n), kappa=kappa[0],
+                kappa_undefined=kappa[1] or None, confusion={s: {t: counts[s, t] for t in range(3)} for s in range(3)})
+
 # %% ../nbs/08_judge.ipynb #3d0b035f
 CURATION_COUNTS = ('facts', 'covered', 'missing', 'merged', 'wrongly_hard', 'wrongly_soft', 'extra')
 
@@ -1369,17 +1386,21 @@ def judge_prompts(rec:dict, rubric:Rubric, mode:str, max_tokens:int=4500) -> lis
 
 def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=None, models:list[str]|None=None,
                   max_tokens:int=4500, mode:str='evidence', cal:Calibration|None=None) -> dict:
-    """How far one judge run can be trusted: the judge per model, pooled, and pooled over purchases; the curator; the
-    prompts. The evidence judge's verdicts are read under `cal` (None: the run's `judge_calibration.json`)."""
+    """How far one judge run can be trusted: the judge per model, pooled, and pooled over purchases; the process
+    score that has a truth (`score_agreement`); the curator; the prompts. The evidence judge's verdicts are read
+    under `cal` (None: the run's `judge_calibration.json`)."""
     known_mode(mode)
     eval_dir = Path(eval_dir)
     rubrics = rubrics or read_rubrics(eval_dir/'rubrics.jsonl', tasks)
     cal = cal or read_calibration(eval_dir/'judge_calibration.json')
-    per, pooled_js, pooled_recs, prompts, prompt_recs, judges = {}, {}, {}, [], [], Counter()
+    per, pooled_js, pooled_recs, prompts, prompt_recs, judges, scored = {}, {}, {}, [], [], Counter(), {}
     for d in model_dirs(eval_dir, models):
         recs = trajectories(d)
         js = judged_records(d, recs, rubrics, mode, cal, max_tokens)
-        per[d.name] = judge_agreement(js, recs, rubrics)
+        scores = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens).items() if j['status'] == 'judged'}
+        per[d.name] = judge_agreement(js, recs, rubrics) | dict(process=score_agreement(scores, recs))
+        scored |= {(d.name, k): j for k, j in scores.items()}
+        pooled_recs |= {(d.name, k): recs[k] for k in scores}
         pooled_js |= {(d.name, k): j for k, j in js.items()}
         pooled_recs |= {(d.name, k): recs[k] for k in js}
         for k in js:
@@ -1391,6 +1412,7 @@ def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=Non
     out = dict(mode=mode, judges=dict(judges), rubrics_sha256=rubric_set_sha256(rubrics), models=per,
                pooled=judge_agreement(pooled_js, pooled_recs, rubrics),
                pooled_purchases=judge_agreement(bought, pooled_recs, rubrics),
+               process=score_agreement(scored, pooled_recs),
                curator=curator_agreement(rubrics, tasks),
                forbidden=forbidden_in_prompts(prompts, prompt_recs, tasks))
     return out | (dict(calibration=cal.as_dict()) if mode == 'evidence' else {})

@@ -233,9 +233,11 @@ def panel_agreement(panel:str, models:dict, agreements:dict) -> tuple[str, bool]
     source = PANELS[panel][0]
     judges = run_judges(models)
     if source == 'figures' or not judges: return None
-    if source == 'C_quality':
-        return 'The five trajectory scores have no truth to be measured against: greyed out, an opinion.', False
     measured = {j: agreements[j] for j in sorted(judges) if j in agreements}
+    if source == 'C_quality':
+        said = [f"Judge {j}: evidence verification against the details read and options chosen, kappa {p['kappa']:.2f} "
+                f"over {p['n']} purchases." for j, a in measured.items() if (p := a.get('process')) and p.get('kappa') is not None]
+        return ' '.join(said + ['The other scores have no truth to be measured against: greyed out, an opinion.']), False
     if not measured:
         return f"No agreement measured for judge {', '.join(sorted(judges))} (eval/agreement_<judge>.json): greyed out.", False
     said, ok = [], True
