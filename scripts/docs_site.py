@@ -6,7 +6,9 @@ Pages: the front page (nbs/index.ipynb, executed here: it only reads committed f
 (STAGES of 99_cli, read from RUN/notebooks/, plain or gzipped) with its prose, tables and charts, the run's HTML report
 (RUN/report/, copied under report/), and one API page per exported module, read from the code nbdev exported from
 the source notebooks. A sidebar follows the pipeline. Charts are in the notebooks as inline SVG (the project renders
-altair through vl-convert), so the pages load no script and fetch nothing: they read offline from file://.
+altair through vl-convert); a chart kept in a notebook through altair's HTML renderer, which loads vega-embed from a
+CDN, or as a vega-lite mime bundle, is drawn here as SVG by vl-convert the same way. So the pages load no script and
+fetch nothing: they read offline from file://.
 
 Quarto is not used: quarto-cli 1.10.19 on PyPI is a source distribution whose build downloads Quarto's binaries from
 GitHub, which the project's machines (and CI) cannot reach, so it cannot be installed by `make setup`.
@@ -77,13 +79,32 @@ def render_output(o: dict) -> str:
     if t == 'error':
         return f'<pre class="error">{html.escape(o.get("ename", ""))}: {html.escape(o.get("evalue", ""))}</pre>'
     d = o.get('data', {})
-    if 'text/html' in d: return src(d['text/html'])
+    for mime in d:
+        if mime.startswith('application/vnd.vegalite.'): return vega_svg(d[mime])
+    if 'text/html' in d:
+        h = src(d['text/html'])
+        return vega_svg(embedded_spec(h)) if 'vegaEmbed' in h else h
     if 'image/svg+xml' in d: return src(d['image/svg+xml'])
     for mime in ('image/png', 'image/jpeg'):
         if mime in d: return f'<img src="data:{mime};base64,{src(d[mime]).strip()}">'
     if 'text/markdown' in d: return md(src(d['text/markdown']))
     if 'text/plain' in d: return f'<pre>{html.escape(src(d["text/plain"]))}</pre>'
     return ''
+
+
+def embedded_spec(h: str) -> dict | None:
+    "The vega-lite spec of an altair chart shown through its HTML renderer (vega-embed, loaded from a CDN), or None."
+    i = h.rfind('})(')
+    try: return json.JSONDecoder().raw_decode(h[i + 3:])[0] if i >= 0 else None
+    except ValueError: return None
+
+
+def vega_svg(spec: dict | None) -> str:
+    "A vega-lite chart drawn here as SVG (vl-convert), so that its page loads no script from a CDN."
+    if not spec: return '<p class="note">a chart whose spec could not be read</p>'
+    import vl_convert
+    try: return vl_convert.vegalite_to_svg(spec)
+    except Exception as e: return f'<p class="note">a chart vl-convert could not draw: {html.escape(str(e)[:200])}</p>'
 
 
 def render_nb(nb: dict) -> tuple[str, str]:
@@ -113,26 +134,37 @@ def module_notebooks() -> dict[str, str]:
     return out
 
 
-def api_body(module: str, nb_name: str) -> str:
-    "The exported names of `module` (its `__all__`) with signatures and docstrings, read from the exported code."
+def api_body(module: str, nb_name: str, stage_page: str | None) -> str:
+    """The exported names of `module` (its `__all__`) with signatures, fields, values and docstrings, read from the code
+    nbdev exported; then the source notebook itself (its prose, code folded) unless a stage page shows it executed."""
     path = ROOT/'shopping_grpo'/(module.replace('.', '/') + '.py')
     tree = ast.parse(path.read_text())
     names = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == '__all__'), [])
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    doc = ast.get_docstring(tree) or ''
-    parts = [f'<h1>shopping_grpo.{module}</h1>', md(doc),
-             f'<p>Exported from the source notebook <code>nbs/{nb_name}.ipynb</code>.</p>']
+    values = {t.id: n.value for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None
+              for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    def short(x, n=240): x = ast.unparse(x); return x if len(x) <= n else x[:n] + ' …'
     def sig(f): return f'{f.name}({ast.unparse(f.args)})' + (f' -> {ast.unparse(f.returns)}' if f.returns else '')
+    def first_line(n): d = ast.get_docstring(n); return f': {html.escape(d.splitlines()[0])}' if d else ''
+    seen = f'<a href="{stage_page}">its stage page</a>, as executed in the run' if stage_page else 'below'
+    parts = [f'<h1>shopping_grpo.{module}</h1>', md(ast.get_docstring(tree) or ''),
+             f'<p>Exported from the source notebook <code>nbs/{nb_name}.ipynb</code> (shown {seen}).</p>', '<h2>Reference</h2>']
     for name in names:
         d = defs.get(name)
-        if d is None: parts.append(f'<h3>{html.escape(name)}</h3>'); continue
         if isinstance(d, ast.ClassDef):
             bases = ', '.join(ast.unparse(b) for b in d.bases)
             parts.append(f'<h3>class {html.escape(name)}({html.escape(bases)})</h3>' + md(ast.get_docstring(d) or ''))
+            fields = [f for f in d.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
             methods = [m for m in d.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not m.name.startswith('_') or m.name == '__init__')]
-            if methods:
-                parts.append('<ul>' + ''.join(f'<li><code>{html.escape(sig(m))}</code>' + (f': {html.escape((ast.get_docstring(m) or "").splitlines()[0])}' if ast.get_docstring(m) else '') + '</li>' for m in methods) + '</ul>')
-        else: parts.append(f'<h3>{html.escape(sig(d))}</h3>' + md(ast.get_docstring(d) or ''))
+            items = [f'<li><code>{html.escape(f.target.id)}: {html.escape(ast.unparse(f.annotation))}'
+                     + (f' = {html.escape(short(f.value, 80))}' if f.value is not None else '') + '</code></li>' for f in fields]
+            items += [f'<li><code>{html.escape(sig(m))}</code>{first_line(m)}</li>' for m in methods]
+            if items: parts.append('<ul>' + ''.join(items) + '</ul>')
+        elif d is not None: parts.append(f'<h3>{html.escape(sig(d))}</h3>' + md(ast.get_docstring(d) or ''))
+        else: parts.append(f'<h3>{html.escape(name)}</h3>' + (f'<pre><code>{html.escape(name)} = {html.escape(short(values[name]))}</code></pre>' if name in values else ''))
+    if not stage_page:
+        _, body = render_nb(json.loads((ROOT/'nbs'/f'{nb_name}.ipynb').read_text()))
+        parts += ['<h2>The notebook</h2>', body]
     return '\n'.join(parts)
 
 
@@ -178,7 +210,7 @@ def build(run: str | None = None, out: str | Path = ROOT/'_docs', index_nb: dict
     mods = module_notebooks()
     nbs = {st: read_nb(run_dir/'notebooks'/f'{st}.ipynb') for st in stages()}
     stage_pages = {st: (f'{st}.html' if nb else None) for st, nb in nbs.items()}
-    api_pages = {m: f'api-{m}.html' for nb_name, m in mods.items()}
+    api_pages = {f'{m} ({nb_name})': f'api-{m}.html' for nb_name, m in mods.items()}
     targets = {st: p for st, p in stage_pages.items() if p} | {n: f'api-{m}.html' for n, m in mods.items() if n not in targets_of(stage_pages)} | {'index': 'index.html'}
     report = (run_dir/'report'/'index.html').exists()
     if report: shutil.copytree(run_dir/'report', out/'report')
@@ -192,7 +224,7 @@ def build(run: str | None = None, out: str | Path = ROOT/'_docs', index_nb: dict
         if nb is None: continue
         title, body = render_nb(nb)
         write(f'{st}.html', title or st, f'<p class="missing">{st}, as executed in <code>{html.escape(label)}</code></p>' + body)
-    for nb_name, m in mods.items(): write(f'api-{m}.html', f'shopping_grpo.{m}', f'<div class="api">{api_body(m, nb_name)}</div>')
+    for nb_name, m in mods.items(): write(f'api-{m}.html', f'shopping_grpo.{m}', f'<div class="api">{api_body(m, nb_name, stage_pages.get(nb_name))}</div>')
     idx = index_nb if index_nb is not None else execute_index()
     title, body = render_nb(idx)
     run_note = (f'<p class="note">Stage pages show the run <code>{html.escape(label)}</code>: '

@@ -23,10 +23,13 @@ def docs_site():
     return mod
 
 
-def chart_svg() -> str:
+def charts() -> tuple[str, str]:
+    "One chart two ways: SVG through vl-convert, and altair's HTML renderer (vega-embed from a CDN), which the site redraws."
     import altair as alt, polars as pl, vl_convert
     df = pl.DataFrame(dict(model=['oracle', 'heuristic', 'random'], strict_success=[1.0, 0.385, 0.0]))
-    return vl_convert.vegalite_to_svg(alt.Chart(df).mark_bar().encode(x='strict_success:Q', y='model:N').to_dict())
+    chart = alt.Chart(df).mark_bar().encode(x='strict_success:Q', y='model:N')
+    with alt.renderers.enable('html'): bundle = chart._repr_mimebundle_()
+    return vl_convert.vegalite_to_svg(chart.to_dict()), (bundle[0] if isinstance(bundle, tuple) else bundle)['text/html']
 
 
 @pytest.fixture(scope='module')
@@ -38,11 +41,12 @@ def index_nb():
 @pytest.fixture(scope='module')
 def small_site(tmp_path_factory, index_nb):
     run = tmp_path_factory.mktemp('run'); (run/'notebooks').mkdir(); (run/'report').mkdir()
-    svg = chart_svg()
+    svg, embed = charts()
     for st in ('00_env', '07_evaluate'):
         nb = json.loads((ROOT/'nbs'/f'{st}.ipynb').read_text())
         code = next(c for c in nb['cells'] if c['cell_type'] == 'code')
-        code['outputs'] = [dict(output_type='display_data', metadata={}, data={'text/html': svg, 'text/plain': '<Chart>'})]
+        code['outputs'] = [dict(output_type='display_data', metadata={}, data={'text/html': h, 'text/plain': '<Chart>'})
+                           for h in ([svg, embed] if st == '07_evaluate' else [svg])]
         (run/'notebooks'/f'{st}.ipynb').write_text(json.dumps(nb))
     (run/'report'/'index.html').write_text('<!doctype html><title>report</title><p>the report</p>')
     made = docs_site().build(str(run), run.parent/'site', index_nb=index_nb)
@@ -81,8 +85,8 @@ def test_small_site(small_site, browser):
     out, made = small_site
     assert {'index.html', '00_env.html', '07_evaluate.html', 'api-env.html', 'api-cli.html'} <= set(made['pages'])
     assert '01_tasks.html' not in made['pages'] and made['report']
-    charts = check_site(browser, out, made['pages'])
-    assert charts['00_env.html'] == 1 and charts['07_evaluate.html'] == 1
+    drawn = check_site(browser, out, made['pages'])
+    assert drawn['00_env.html'] == 1 and drawn['07_evaluate.html'] == 2  # the vega-embed chart drawn as SVG, no CDN fetched
     page = browser.new_page(); page.goto((out/'07_evaluate.html').as_uri())
     side = page.locator('nav.side')
     assert side.locator('ol li').all_inner_texts()[:3] == ['00_env', '01_tasks', '02_reward']  # the pipeline's order, stages not run included
@@ -96,5 +100,5 @@ def test_small_site(small_site, browser):
 def test_smoke_run_site(tmp_path, index_nb, browser):
     made = docs_site().build('outputs/smoke', tmp_path/'site', index_nb=index_nb)
     assert len([p for p in made['pages'] if p[:2].isdigit()]) == len(docs_site().stages())
-    charts = check_site(browser, Path(made['out']), made['pages'])
-    assert sum(charts.values()) > 10, charts
+    drawn = check_site(browser, Path(made['out']), made['pages'])
+    assert sum(drawn.values()) > 10, drawn
