@@ -32,7 +32,7 @@ details{margin:.3em 0}details>summary{cursor:pointer;color:#667;font-size:13px}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ddd;padding:2px 7px;text-align:right}th{background:#eef1f3}
 .output{margin:.4em 0 1em;overflow-x:auto}.note{background:#fff8e1;border-left:3px solid #ffb300;padding:.4em .8em}
 .api h3{font-family:ui-monospace,Menlo,monospace;font-size:14px;background:#f4f6f7;padding:.3em .5em;border-left:3px solid #1d4f91}
-.anchor-link{display:none}
+.anchor-link{display:none}.pager{border-top:1px solid #dde;margin-top:3em;padding-top:.8em}
 """
 
 
@@ -220,10 +220,16 @@ def build(run: str | None = None, out: str | Path = ROOT/'_docs', index_nb: dict
     written = []
     def write(name, title, body):
         (out/name).write_text(page(title, fix_links(body, targets), sidebar(name, stage_pages, api_pages, report, label))); written.append(name)
-    for st, nb in nbs.items():
-        if nb is None: continue
-        title, body = render_nb(nb)
-        write(f'{st}.html', title or st, f'<p class="missing">{st}, as executed in <code>{html.escape(label)}</code></p>' + body)
+    ledger = json.loads((run_dir/'pipeline.json').read_text()) if (run_dir/'pipeline.json').exists() else {}
+    done = [st for st, nb in nbs.items() if nb is not None]
+    for i, st in enumerate(done):
+        title, body = render_nb(nbs[st])
+        e = ledger.get(st, {})
+        ran = f", {e['seconds'] / 60:.1f} min on {html.escape(str(e.get('machine', '?')))}, finished {html.escape(str(e.get('finished_at', '?')))}" if 'seconds' in e else ''
+        head = f'<p class="missing">{st}, as executed in <code>{html.escape(label)}</code>{ran}</p>'
+        prev = f'<a href="{done[i-1]}.html">← {done[i-1]}</a>' if i else '<a href="index.html">← front page</a>'
+        nxt = f'<a href="{done[i+1]}.html">{done[i+1]} →</a>' if i + 1 < len(done) else ('<a href="report/index.html">the report →</a>' if report else '')
+        write(f'{st}.html', title or st, head + body + f'<p class="pager">{prev}<span style="float:right">{nxt}</span></p>')
     for nb_name, m in mods.items(): write(f'api-{m}.html', f'shopping_grpo.{m}', f'<div class="api">{api_body(m, nb_name, stage_pages.get(nb_name))}</div>')
     idx = index_nb if index_nb is not None else execute_index()
     title, body = render_nb(idx)
