@@ -42,6 +42,12 @@ def stages() -> list[str]:
     return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'STAGES')
 
 
+def rel(p: Path) -> str:
+    "`p` relative to the repository when inside it."
+    try: return str(Path(p).absolute().relative_to(ROOT))
+    except ValueError: return str(p)
+
+
 def pick_run(run: str | None) -> Path:
     "The run folder: `run` if given, else the committed GPU reference run, else outputs/smoke (said on stderr)."
     if run:
@@ -50,10 +56,10 @@ def pick_run(run: str | None) -> Path:
         return p
     if (REFERENCE_RUN/'notebooks').is_dir(): return REFERENCE_RUN
     if (SMOKE_RUN/'notebooks').is_dir():
-        print(f"docs: no reference run at {REFERENCE_RUN.relative_to(ROOT)}; rendering {SMOKE_RUN.relative_to(ROOT)} instead", file=sys.stderr)
+        print(f"docs: no reference run at {rel(REFERENCE_RUN)}; rendering {rel(SMOKE_RUN)} instead", file=sys.stderr)
         return SMOKE_RUN
-    raise SystemExit(f"docs: no executed notebooks to render: neither {REFERENCE_RUN.relative_to(ROOT)} (the published GPU run) "
-                     f"nor {SMOKE_RUN.relative_to(ROOT)} (`make run`) exists; pass RUN=<run folder>")
+    raise SystemExit(f"docs: no executed notebooks to render: neither {rel(REFERENCE_RUN)} (the published GPU run) "
+                     f"nor {rel(SMOKE_RUN)} (`make run`) exists; pass RUN=<run folder>")
 
 
 def read_nb(path: Path) -> dict | None:
@@ -214,8 +220,7 @@ def build(run: str | None = None, out: str | Path = ROOT/'_docs', index_nb: dict
     targets = {st: p for st, p in stage_pages.items() if p} | {n: f'api-{m}.html' for n, m in mods.items() if n not in targets_of(stage_pages)} | {'index': 'index.html'}
     report = (run_dir/'report'/'index.html').exists()
     if report: shutil.copytree(run_dir/'report', out/'report')
-    try: label = str(run_dir.relative_to(ROOT))
-    except ValueError: label = run_dir.name
+    label = rel(run_dir)
     (out/'site.css').write_text(CSS)
     written = []
     def write(name, title, body):
