@@ -18,7 +18,7 @@ VERL_OVERRIDE := requirements/verl-cpu-override.txt
 VERL_GPU ?= 0
 VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline
+.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline docs
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -79,6 +79,13 @@ endif
 
 test-verl: verl-env
 	$(VERL_TEST)
+
+# The project as a static site in DOCS_OUT (open its index.html): the executed notebooks of a run, not executed again,
+# its HTML report and the API of every module. Without RUN=...: the published GPU run outputs/reference/h200, else
+# outputs/smoke (`make run`), said as it happens.
+DOCS_OUT ?= _docs
+docs: setup
+	$(BIN)/python scripts/docs_site.py $(if $(filter file,$(origin RUN)),,--run $(RUN)) --out $(DOCS_OUT)
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
