@@ -766,6 +766,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'shopping_grpo.report.outcome_chart': ('report.html#outcome_chart', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.outcome_rows': ('report.html#outcome_rows', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.page': ('report.html#page', 'shopping_grpo/report.py'),
+                                      'shopping_grpo.report.pair_name': ('report.html#pair_name', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.pair_rows': ('report.html#pair_rows', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.panel_agreement': ('report.html#panel_agreement', 'shopping_grpo/report.py'),
                                       'shopping_grpo.report.panel_note': ('report.html#panel_note', 'shopping_grpo/report.py'),

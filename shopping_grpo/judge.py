@@ -581,10 +581,10 @@ def trajectories(model_dir) -> dict:
     return read_records(p if p.exists() else p.with_name('trajectories.jsonl.gz'))
 
 def model_dirs(eval_dir, models:list[str]|None=None) -> list[Path]:
-    "The model folders to judge: `models`, or every folder of `eval_dir` holding trajectories."
+    "The model folders to judge: `models`, or every template-benchmark folder of `eval_dir` holding trajectories."
     eval_dir = Path(eval_dir)
     if models: return [eval_dir/m for m in models]
-    return sorted({p.parent for p in eval_dir.glob('*/trajectories.jsonl*')})
+    return sorted({p.parent for p in eval_dir.glob('*/trajectories.jsonl*') if '@' not in p.parent.name})  # not sft@human
 
 def has_agent_view(rec:dict) -> bool:
     "Whether a trajectory holds what the agent saw (version 2: messages and events)."

@@ -18,13 +18,13 @@ __all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_F
            'either', 'ModelResult', 'by_task', 'read_model', 'model_order', 'RunResults', 'read_stage',
            'missing_sentences', 'read_run', 'model_figures', 'panel_values', 'panel_rows', 'panel_note', 'judge_flags',
            'run_judges', 'panel_agreement', 'outcome_rows', 'strata_rows', 'stratum_order', 'step_rows', 'tool_rows',
-           'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows', 'speed_figures', 'speed_rows',
-           'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg', 'outcome_chart', 'strata_chart',
-           'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart', 'curves_chart', 'time_split_chart', 'esc',
-           'fmt', 'table', 'page', 'Report', 'note', 'flag', 'headline_rows', 'benchmark_line', 'task_rows',
-           'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text', 'reply_pages', 'episode_turns',
-           'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data', 'script_json', 'availability',
-           'collect_section', 'build_report']
+           'pair_name', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows', 'speed_figures',
+           'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg', 'outcome_chart',
+           'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart', 'curves_chart',
+           'time_split_chart', 'esc', 'fmt', 'table', 'page', 'Report', 'note', 'flag', 'headline_rows',
+           'benchmark_line', 'task_rows', 'verdict_counts', 'settings_rows', 'key_facts', 'cut', 'call_text',
+           'reply_pages', 'episode_turns', 'req_key', 'episode_verdicts', 'episode_view', 'task_order', 'viewer_data',
+           'script_json', 'availability', 'collect_section', 'build_report']
 
 # %% ../nbs/09_report.ipynb #dc46c2e6
 def read_json(path, notes:list|None=None) -> dict|list|None:
@@ -144,7 +144,8 @@ def read_run(run_dir) -> RunResults:
     "Everything the report shows of `run_dir`, and what is absent."
     run_dir, notes = Path(run_dir), []
     ev = run_dir/'eval'
-    models = {p.parent.name: read_model(p.parent, run_dir, notes) for p in sorted(ev.glob('*/summary.json'))}
+    models = {p.parent.name: read_model(p.parent, run_dir, notes) for p in sorted(ev.glob('*/summary.json'))
+              if '@' not in p.parent.name}  # a model on another wording (sft@human) shows in its paired comparison
     models = {n: models[n] for n in model_order(models)}
     compare_files = sorted(ev.glob('compare/*.json'))
     comparisons = [c for p in compare_files if (c := read_json(p, notes))]
@@ -302,13 +303,18 @@ def tool_rows(models:dict) -> list[dict]:
 # %% ../nbs/09_report.ipynb #0a2da98a
 PAIR_FIGURES = ('won', 'lost', 'tied', 'p_value', 'diff', 'ci_low', 'ci_high', 'test')  # of a paired comparison
 
+def pair_name(c:dict) -> str:
+    "What a comparison pairs: two models, or one model on two wordings of the same tasks (`compare_wordings`)."
+    if 'b_benchmark' not in c: return f"{c['a']} vs {c['b']}"
+    return f"{c['a']}: {c['benchmark']['source']} vs {c['b_benchmark']['source']}"
+
 def pair_rows(comparisons:list[dict]) -> list[dict]:
     "One row per comparison and figure: won, lost, tied, p-value, difference and its interval."
     rows = []
     for c in comparisons:
         for metric, d in (('strict_success', c), ('purchase_success', c.get('purchase_success')),
                           ('mean_reward', c.get('mean_reward'))):
-            if d: rows.append(dict(pair=f"{c['a']} vs {c['b']}", metric=metric, n_tasks=c.get('n_tasks'),
+            if d: rows.append(dict(pair=pair_name(c), metric=metric, n_tasks=c.get('n_tasks'),
                                    **{k: d.get(k) for k in PAIR_FIGURES}))
     return rows
 
