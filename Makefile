@@ -82,10 +82,10 @@ test-verl: verl-env
 
 # The project as a static site in DOCS_OUT (open its index.html): the executed notebooks of a run, not executed again,
 # its HTML report and the API of every module. Without RUN=...: the published GPU run outputs/reference/h200, else
-# outputs/smoke (`make run`), said as it happens.
+# outputs/smoke (`make run`), said as it happens. `shopping-grpo docs` (nbs/10_docs.ipynb) builds it.
 DOCS_OUT ?= _docs
 docs: setup
-	$(BIN)/python scripts/docs_site.py $(if $(filter file,$(origin RUN)),,--run $(RUN)) --out $(DOCS_OUT)
+	$(BIN)/shopping-grpo docs $(if $(filter file,$(origin RUN)),,--run $(RUN)) --out $(DOCS_OUT)
 
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean

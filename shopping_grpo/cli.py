@@ -21,7 +21,7 @@ __all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_A
            'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
            'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command',
            'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command']
+           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -534,6 +534,25 @@ def pack_offline_command(
                f"{models}) in {out}: send assemble.sh, MANIFEST.json and the pieces into one folder there, then run "
                f"`bash assemble.sh /tmp/site`", err=True)
     return man
+
+# %% ../nbs/99_cli.ipynb #6a82e8d3
+@app.command('docs')
+def docs_command(run:str=typer.Option(None, help='run folder with notebooks/ (default: outputs/reference/h200, '
+                                                 'else outputs/smoke)'),
+                 out:str=typer.Option('_docs', help='site folder (replaced whole)'),
+                 record:str=typer.Option(None, help='write build time and size to this JSON file')):
+    "Render a run's executed notebooks, its HTML report and the API as a static site, without executing them again."
+    from shopping_grpo.docs import build
+    try: r = build(run, out)
+    except FileNotFoundError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1)
+    size = f"{r['bytes']/1e6:.1f} MB"
+    typer.echo(f"docs: {r['n_pages']} pages from {r['run']} in {r['seconds']} s, {size} in {r['out']}; "
+               f"open {r['out']}/index.html", err=True)
+    if record:
+        rec = {k: v for k, v in r.items() if k != 'pages'} | dict(pages=r['n_pages'])
+        Path(record).write_text(json.dumps(rec, indent=1) + '\n')
 
 # %% ../nbs/99_cli.ipynb #77aad76c
 from .verl_loop import verl_train

@@ -1,5 +1,6 @@
-"""Which run `make docs` renders (scripts/docs_site.py): the one asked for, else the published GPU run, else outputs/smoke, else a clear error."""
-import importlib.util, json
+"""Which run `make docs` renders (shopping_grpo.docs): the one asked for, else the published GPU run, else
+outputs/smoke, else a clear error."""
+import json
 from pathlib import Path
 import pytest
 
@@ -8,19 +9,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def docs(monkeypatch, tmp_path):
-    spec = importlib.util.spec_from_file_location('docs_site', ROOT/'scripts'/'docs_site.py')
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, 'REFERENCE_RUN', tmp_path/'reference'/'h200'); monkeypatch.setattr(mod, 'SMOKE_RUN', tmp_path/'smoke')
+    import shopping_grpo.docs as mod
+    monkeypatch.setattr(mod, 'REFERENCE_RUN', tmp_path/'reference'/'h200')
+    monkeypatch.setattr(mod, 'SMOKE_RUN', tmp_path/'smoke')
     return mod
 
 
 def test_default_run(docs, tmp_path, capsys):
-    with pytest.raises(SystemExit, match='no executed notebooks to render'): docs.pick_run(None)
+    with pytest.raises(FileNotFoundError, match='no executed notebooks to render'): docs.pick_run(None)
     (tmp_path/'smoke'/'notebooks').mkdir(parents=True)
     assert docs.pick_run(None) == tmp_path/'smoke' and 'rendering' in capsys.readouterr().err
     (tmp_path/'reference'/'h200'/'notebooks').mkdir(parents=True)
     assert docs.pick_run(None) == tmp_path/'reference'/'h200'
-    with pytest.raises(SystemExit, match='has no notebooks/ folder'): docs.pick_run(str(tmp_path/'elsewhere'))
+    with pytest.raises(FileNotFoundError, match='has no notebooks/ folder'): docs.pick_run(str(tmp_path/'elsewhere'))
 
 
 def test_stages_and_modules(docs):

@@ -1,4 +1,4 @@
-"""The site of `make docs` (scripts/docs_site.py) in a real browser: Debian's Chromium, headless, driven by Playwright.
+"""The site of `make docs` (shopping_grpo.docs) in a real browser: Debian's Chromium, headless, driven by Playwright.
 
 A small run folder is prepared: two stages' source notebooks with an altair chart (SVG through vl-convert, as the
 project draws them) added as the output of a code cell, and a report. The site is built from it (nbs/index.ipynb is
@@ -6,21 +6,16 @@ executed, nothing else), then every page is opened from disk (file:// URLs, no s
 script error, every chart has a size and every link inside the site leads to a file. When the repository holds the
 run of `make run` (outputs/smoke), its site is checked the same way.
 """
-import importlib.util, json, shutil
+import json, shutil
 from pathlib import Path
 import pytest
+from shopping_grpo import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium to drive: install Debian's package (apt-get install chromium) to run the browser tests")
 sync_api = pytest.importorskip('playwright.sync_api', reason='playwright (the Python package) is not installed')
 FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run']
-
-
-def docs_site():
-    spec = importlib.util.spec_from_file_location('docs_site', ROOT/'scripts'/'docs_site.py')
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
 
 
 def charts() -> tuple[str, str]:
@@ -35,7 +30,7 @@ def charts() -> tuple[str, str]:
 @pytest.fixture(scope='module')
 def index_nb():
     "nbs/index.ipynb executed once, shared by the builds."
-    return docs_site().execute_index()
+    return docs.execute_index()
 
 
 @pytest.fixture(scope='module')
@@ -49,7 +44,7 @@ def small_site(tmp_path_factory, index_nb):
                            for h in ([svg, embed] if st == '07_evaluate' else [svg])]
         (run/'notebooks'/f'{st}.ipynb').write_text(json.dumps(nb))
     (run/'report'/'index.html').write_text('<!doctype html><title>report</title><p>the report</p>')
-    made = docs_site().build(str(run), run.parent/'site', index_nb=index_nb)
+    made = docs.build(str(run), run.parent/'site', index_nb=index_nb)
     return Path(made['out']), made
 
 
@@ -98,7 +93,7 @@ def test_small_site(small_site, browser):
 
 @pytest.mark.skipif(not (ROOT/'outputs'/'smoke'/'notebooks').is_dir(), reason='no outputs/smoke run (`make run` writes it)')
 def test_smoke_run_site(tmp_path, index_nb, browser):
-    made = docs_site().build('outputs/smoke', tmp_path/'site', index_nb=index_nb)
-    assert len([p for p in made['pages'] if p[:2].isdigit()]) == len(docs_site().stages())
+    made = docs.build('outputs/smoke', tmp_path/'site', index_nb=index_nb)
+    assert len([p for p in made['pages'] if p[:2].isdigit()]) == len(docs.stages())
     drawn = check_site(browser, Path(made['out']), made['pages'])
     assert sum(drawn.values()) > 10, drawn
