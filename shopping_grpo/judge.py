@@ -1400,9 +1400,8 @@ def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=Non
         scores = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens).items() if j['status'] == 'judged'}
         per[d.name] = judge_agreement(js, recs, rubrics) | dict(process=score_agreement(scores, recs))
         scored |= {(d.name, k): j for k, j in scores.items()}
-        pooled_recs |= {(d.name, k): recs[k] for k in scores}
         pooled_js |= {(d.name, k): j for k, j in js.items()}
-        pooled_recs |= {(d.name, k): recs[k] for k in js}
+        pooled_recs |= {(d.name, k): recs[k] for k in scores.keys() | js.keys()}
         for k in js:
             sent = judge_prompts(recs[k], rubrics[k], mode, max_tokens)
             prompts += sent

@@ -17,7 +17,7 @@ __all__ = ['TOKEN_KEYS', 'MODEL_FILES', 'KNOWN_ORDER', 'STAGE_FILES', 'OUTCOME_F
            'PAIR_COLS', 'TASK_COLS', 'VIEWER_CSS', 'VIEWER_JS', 'REPORT_PACKAGES', 'read_json', 'jsonl_records',
            'either', 'ModelResult', 'by_task', 'read_model', 'model_order', 'RunResults', 'read_stage',
            'missing_sentences', 'read_run', 'model_figures', 'panel_values', 'panel_rows', 'panel_note', 'judge_flags',
-           'run_judges', 'panel_agreement', 'outcome_rows', 'strata_rows', 'stratum_order', 'step_rows', 'tool_rows',
+           'judges_named', 'panel_agreement', 'outcome_rows', 'strata_rows', 'stratum_order', 'step_rows', 'tool_rows',
            'pair_name', 'pair_rows', 'sft_curve_rows', 'grpo_curve_rows', 'variant_curve_rows', 'speed_figures',
            'speed_rows', 'model_colors', 'metric_bars', 'vega_lite_version', 'chart_svg', 'outcome_chart',
            'strata_chart', 'won_lost_chart', 'diff_chart', 'steps_chart', 'tools_chart', 'curves_chart',
@@ -224,7 +224,7 @@ def judge_flags(models:dict) -> list[str]:
 KAPPA_BAR = 0.6        # a judge's verdicts count as evidence from this Cohen's kappa against the shop's truth
 TASK_AGREEMENT_BAR = 0.9  # and when its 'all met' agrees this often with strict success (the judge issue's goals)
 
-def run_judges(models:dict) -> set[str]:
+def judges_named(models:dict) -> set[str]:
     "The judges named by the models' judge summaries."
     return {j['judge'].get('model') for m in models.values() if (j := m.judge) and isinstance(j.get('judge'), dict)} - {None}
 
@@ -232,7 +232,7 @@ def panel_agreement(panel:str, models:dict, agreements:dict) -> tuple[str, bool]
     """What the measured agreement of the judge behind a judged panel says: a sentence, and whether the panel is
     evidence (kappa at least `KAPPA_BAR`, task agreement at least `TASK_AGREEMENT_BAR`); None for the panels the code computes, or when no model was judged."""
     source = PANELS[panel][0]
-    judges = run_judges(models)
+    judges = judges_named(models)
     if source == 'figures' or not judges: return None
     measured = {j: agreements[j] for j in sorted(judges) if j in agreements}
     if source == 'C_quality':

@@ -1,10 +1,33 @@
 """Helpers and fakes shared by the test modules (imported as `_helpers`)."""
 from __future__ import annotations
-import copy, json, sys
+import copy, json, shutil, sys
 from pathlib import Path
 
 N_PRODUCTS, SEED, TASK_SEED, LANG = 3000, 0, 1, 'en'   # the session shop (see conftest.py)
 SIZES = dict(sft=60, grpo_train=40, grpo_val=20, eval=40)
+
+# the browser tests (report, docs site): Debian's Chromium, headless, through Playwright; they skip without it
+CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
+NO_CHROMIUM = "no Chromium to drive: install Debian's package (apt-get install chromium) to run the browser tests"
+CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+                  '--disable-component-update', '--disable-sync', '--no-first-run']
+
+
+def launched_chromium(sync_api):
+    "Yield a headless Chromium for a module's tests, closed after them (the `browser` fixtures)."
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, path, errors:list):
+    "A page showing the file at `path`; JavaScript errors and console errors are appended to `errors`."
+    page = browser.new_page(viewport={'width': 1400, 'height': 900})
+    page.on('pageerror', lambda e: errors.append(f'{Path(str(path)).name}: {e}'))
+    page.on('console', lambda m: errors.append(f'{Path(str(path)).name}: {m.text}') if m.type == 'error' else None)
+    page.goto(path if str(path).startswith('file:') else Path(path).as_uri())
+    return page
 
 
 def replay(shop, task, actions):

@@ -6,16 +6,15 @@ executed, nothing else), then every page is opened from disk (file:// URLs, no s
 script error, every chart has a size and every link inside the site leads to a file. When the repository holds the
 run of `make run` (outputs/smoke), its site is checked the same way.
 """
-import json, shutil
+import json
 from pathlib import Path
 import pytest
+from _helpers import CHROMIUM, NO_CHROMIUM, launched_chromium, open_page
 from shopping_grpo import docs
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium to drive: install Debian's package (apt-get install chromium) to run the browser tests")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 sync_api = pytest.importorskip('playwright.sync_api', reason='playwright (the Python package) is not installed')
-FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run']
 
 
 def charts() -> tuple[str, str]:
@@ -50,20 +49,14 @@ def small_site(tmp_path_factory, index_nb):
 
 @pytest.fixture(scope='module')
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
+    yield from launched_chromium(sync_api)
 
 
 def check_site(browser, out: Path, pages: list[str]) -> dict:
     "Open every page: script errors, charts without size and links inside the site that lead nowhere; charts per page."
     errors, charts = [], {}
     for name in pages:
-        page = browser.new_page(viewport={'width': 1400, 'height': 900})
-        page.on('pageerror', lambda e, n=name: errors.append(f'{n}: {e}'))
-        page.on('console', lambda m, n=name: errors.append(f'{n}: {m.text}') if m.type == 'error' else None)
-        page.goto((out/name).as_uri())
+        page = open_page(browser, out/name, errors)
         boxes = [s.bounding_box() for s in page.locator('svg.marks').all()]
         charts[name] = len(boxes)
         assert all(b and b['width'] > 50 and b['height'] > 30 for b in boxes), f'{name}: a chart without size: {boxes}'

@@ -8,12 +8,11 @@ JavaScript error, that every link leads to a page, and that the trajectory viewe
 import json, shutil, time
 from pathlib import Path
 import pytest
+from _helpers import CHROMIUM, NO_CHROMIUM, launched_chromium, open_page
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium to drive: install Debian's package (apt-get install chromium) to run the browser tests")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 sync_api = pytest.importorskip('playwright.sync_api', reason='playwright (the Python package) is not installed')
-FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run']
 N_TASKS = 6
 
 
@@ -54,19 +53,7 @@ def report(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
-
-
-def open_page(browser, path, errors:list):
-    "A page showing the file at `path`; JavaScript errors and console errors are appended to `errors`."
-    page = browser.new_page(viewport={'width': 1400, 'height': 900})
-    page.on('pageerror', lambda e: errors.append(f'{Path(str(path)).name}: {e}'))
-    page.on('console', lambda m: errors.append(f'{Path(str(path)).name}: {m.text}') if m.type == 'error' else None)
-    page.goto(path if str(path).startswith('file:') else Path(path).as_uri())
-    return page
+    yield from launched_chromium(sync_api)
 
 
 def chart_sizes(page) -> list[tuple[float, float]]:
