@@ -10,6 +10,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli._publish_one': ('cli.html#_publish_one', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli._relocated': ('cli.html#_relocated', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli._step': ('cli.html#_step', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli._without': ('cli.html#_without', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.carried_files': ('cli.html#carried_files', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.code_digest': ('cli.html#code_digest', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.docs_command': ('cli.html#docs_command', 'shopping_grpo/cli.py'),

@@ -15,13 +15,13 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_ADAPTERS', 'GZIP_OVER', 'HOST_FREEZE',
-           'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'serve_env', 'load_profile', 'stage_parameters',
-           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys',
-           'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
-           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command',
-           'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
+__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_ADAPTERS', 'PUBLISH_MAX_MB', 'GZIP_OVER',
+           'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'serve_env', 'load_profile',
+           'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
+           'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run',
+           'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter',
+           'publish_run_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'host_needs',
+           'platform_tags', 'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -310,9 +310,11 @@ def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.jso
                f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
 
 # %% ../nbs/99_cli.ipynb #3692c418
-PUBLISH_LEFT_OUT = ('tasks', 'collect', 'agent', 'shoppers', 'sft_demo')  # remade from the seed (01, 04) or demonstrations (02c, 03, 05)
+PUBLISH_LEFT_OUT = ('tasks', 'collect', 'agent', 'shoppers', 'sft_demo',  # remade from the seed (01, 04) or demonstrations (02c, 03, 05)
+                    'report')  # 09_report makes it again from the publication (run_dir: the published folder)
 PUBLISH_ADAPTERS = ('sft/adapter', 'grpo/adapter')  # the GRPO model is its adapter on the SFT model: both are needed
-GZIP_OVER = 256_000  # bytes: a JSONL file larger than this is published gzipped (read_jsonl reads both)
+PUBLISH_MAX_MB = 45.0  # a GPU host's call takes 64 MiB: the checkout (~4 MB and the publication) and a bundle piece of ~18 MB
+GZIP_OVER = 64_000  # bytes: a JSONL file larger than this is published gzipped (read_jsonl reads both)
 
 def _adapter_of(rel:Path) -> str|None:
     "The adapter folder (run-relative) a file lies in, or None."
@@ -324,17 +326,26 @@ def published_files(run_dir, adapters=PUBLISH_ADAPTERS) -> list[Path]:
     for rel in carried_files(run_dir):
         if rel.parts[0] == 'notebooks' and rel.stem not in done: continue  # a stage cut short: its notebook is partial
         if rel.parts[0] in PUBLISH_LEFT_OUT or any(s.startswith('checkpoint-') for s in rel.parts): continue
+        if rel.name == 'trajectories.jsonl' and 'val' in rel.parts[:-1]: continue  # validation: its summary stays
         if (ad := _adapter_of(rel)) is not None and (ad not in adapters or
                                                     rel.name not in ('adapter_model.safetensors', 'adapter_config.json')): continue
         out.append(rel)
     return out
 
 # %% ../nbs/99_cli.ipynb #1a1b2eea
+def _without(line:bytes, keys) -> bytes:
+    "A JSONL line with `keys` left out of its object; a line that does not parse, as it is."
+    try: rec = json.loads(line)
+    except ValueError: return line
+    if not isinstance(rec, dict) or not set(keys) & rec.keys(): return line
+    return (json.dumps({k: v for k, v in rec.items() if k not in keys}, ensure_ascii=False) + '\n').encode()
+
 def _publish_one(src:Path, dest:Path, rel:Path, piece_bytes:int, dtype:str) -> list[dict]:
-    "Copy one file of a run into `dest`: an adapter halved and cut in pieces, a large JSONL gzipped, the rest as it is."
+    "Copy one file of a run into `dest`: an adapter halved, in pieces; trajectories without per-token lists; a large JSONL gzipped."
     import gzip, shutil, tempfile
     from shopping_grpo.model import PieceWriter
     from shopping_grpo.records import sha256_file
+    from shopping_grpo.report import TOKEN_KEYS
     target = dest/rel
     target.parent.mkdir(parents=True, exist_ok=True)
     if rel.name == 'adapter_model.safetensors':
@@ -344,14 +355,17 @@ def _publish_one(src:Path, dest:Path, rel:Path, piece_bytes:int, dtype:str) -> l
             w.write(half.read_bytes()); w.close()
             return [dict(path=str(rel), bytes=half.stat().st_size, sha256=w.whole.hexdigest(), dtype=dtype,
                          pieces=[dict(p, name=str(rel.parent/p['name'])) for p in w.pieces])]
-    if rel.suffix == '.jsonl' and src.stat().st_size > GZIP_OVER:
+    data = src.read_bytes()
+    if rel.name == 'trajectories.jsonl': data = b''.join(_without(line, TOKEN_KEYS) for line in data.splitlines(keepends=True))
+    if rel.suffix == '.jsonl' and len(data) > GZIP_OVER:
         target = target.with_name(rel.name + '.gz')
-        target.write_bytes(gzip.compress(src.read_bytes(), mtime=0))  # mtime 0: the same file gives the same bytes
+        target.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same file gives the same bytes
+    elif rel.name == 'trajectories.jsonl': target.write_bytes(data)
     else: shutil.copyfile(src, target)
     return [dict(path=str(target.relative_to(dest)), bytes=target.stat().st_size, sha256=sha256_file(target))]
 
 # %% ../nbs/99_cli.ipynb #fa91e740
-def publish_run(run_dir, dest, adapters=PUBLISH_ADAPTERS, max_mb:float=40.0, piece_mb:float=15.0, dtype:str='float16') -> dict:
+def publish_run(run_dir, dest, adapters=PUBLISH_ADAPTERS, max_mb:float=PUBLISH_MAX_MB, piece_mb:float=15.0, dtype:str='float16') -> dict:
     "Copy what a reader needs of a finished run into `dest` (replaced whole), within `max_mb`; PUBLISHED.json lists it."
     import shutil, tempfile
     from shopping_grpo.records import write_atomic
@@ -367,7 +381,9 @@ def publish_run(run_dir, dest, adapters=PUBLISH_ADAPTERS, max_mb:float=40.0, pie
             big = ', '.join(f"{f['path']} ({f['bytes']/1e6:.1f} MB)" for f in sorted(files, key=lambda f: -f['bytes'])[:3])
             raise ValueError(f"the publication would be {size/1e6:.1f} MB, over max_mb={max_mb}: largest {big}; nothing written")
         missing = [a for a in adapters if not any(f['path'] == f'{a}/adapter_model.safetensors' for f in files)]
+        from shopping_grpo.report import TOKEN_KEYS
         man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), adapters=list(adapters), missing_adapters=missing,
+                   trajectory_fields_left_out=list(TOKEN_KEYS),
                    bytes=size, files=files, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
         write_atomic(Path(tmp)/'PUBLISHED.json', json.dumps(man, indent=1))
         old = dest.with_name(f'.{dest.name}.old')
@@ -397,7 +413,7 @@ def restore_adapter(published, adapter:str, out) -> Path:
 def publish_run_command(run:str=typer.Argument(..., help='a finished run folder'),
                         dest:str=typer.Argument(..., help='the folder to commit (replaced whole), e.g. outputs/reference/h200'),
                         adapters:str=typer.Option(','.join(PUBLISH_ADAPTERS), help='adapter folders to publish, comma-separated'),
-                        max_mb:float=typer.Option(40.0, help='refuse a publication larger than this (MB)')):
+                        max_mb:float=typer.Option(PUBLISH_MAX_MB, help='refuse a publication larger than this (MB)')):
     "Publish what a reader needs of a finished run (notebooks, ledger, summaries, trajectories, report, adapters) into DEST."
     man = publish_run(run, dest, tuple(a for a in adapters.split(',') if a), max_mb)
     typer.echo(f"{len(man['files'])} files, {man['bytes']/1e6:.1f} MB in {dest}; stages: {', '.join(man['ledger'])}"

@@ -50,7 +50,7 @@ def either(folder, name:str) -> Path|None:
     return next((p for p in (Path(folder)/name, Path(folder)/f'{name}.gz') if p.exists()), None)
 
 # %% ../nbs/09_report.ipynb #f25ac0ad
-TOKEN_KEYS = ('prompt_ids', 'response_ids', 'response_mask', 'turn_spans')  # per-token lists of a record, not shown
+TOKEN_KEYS = ('prompt_ids', 'response_ids', 'response_mask', 'turn_spans', 'logprobs')  # per-token lists of a record, not shown
 
 @dataclass
 class ModelResult:
