@@ -26,14 +26,14 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'EVIDENCE_PROMPT', 'EXAMPLE_KINDS', 'UNCLEAR_CUTS',
            'TOP_LOGPROBS', 'EVIDENCE_VERSION', 'CALIBRATION_SHOPPERS', 'JUDGE_MODES', 'Candidate', 'candidates',
            'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric', 'RubricError', 'Decision',
-           'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable', 'Endpoint', 'curator_messages',
-           'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics', 'rubric_set_sha256', 'agent_view',
-           'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages', 'plant_sentinels', 'JudgmentError',
-           'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema', 'prompt_sha256', 'judge_record',
-           'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view', 'judgeable', 'record_all',
-           'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward', 'panel_rubric', 'panel_quality',
-           'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa', 'buy_event',
-           'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
+           'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable', 'Endpoint', 'quote_spans',
+           'curator_messages', 'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics', 'rubric_set_sha256',
+           'agent_view', 'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages', 'plant_sentinels',
+           'JudgmentError', 'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema', 'prompt_sha256',
+           'judge_record', 'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view', 'judgeable',
+           'record_all', 'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward', 'panel_rubric',
+           'panel_quality', 'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa',
+           'buy_event', 'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
            'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement', 'prompt_leaks',
            'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine', 'page_lines',
            'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
@@ -270,6 +270,31 @@ def chat(self:Endpoint, messages:list[dict], schema:dict|None=None, name:str='an
             raise Unavailable(f"{self.base_url} ({self.model}): {type(e).__name__}: {str(e)[:200]}") from None
         return r.choices[0].message.content or ''
 
+# %% ../nbs/08_judge.ipynb #e90b1b85
+_PIECE = re.compile(r'[\u3400-\u9fff]|[^\s\u3400-\u9fff]+')  # a CJK character, or a run of other non-space characters
+_EDGE = ' \t\n,.;:!?()"\'\uff0c\u3002\uff1b\uff1a\uff01\uff1f\u3001\uff08\uff09'  # punctuation trimmed off a span's ends
+
+def _said(request:str, words:str) -> re.Match|None:
+    "Where `request` says `words` (case and spacing aside), else the first of their words it says; None if none."
+    for w in [words, *words.split()]:
+        if m := re.search(r'\s+'.join(map(re.escape, w.split())), request, re.I): return m
+
+def quote_spans(request:str, words:str, widen:int=7, limit:int=40) -> list[str]:
+    "Spans of `request`, verbatim, around where it says `words`: that match first, then widened by up to `widen` pieces."
+    m = _said(request, words)
+    if m is None: return [words]  # the request says none of its words: only dropping it can pass
+    pieces = [(x.start(), x.end()) for x in _PIECE.finditer(request)]
+    left = [s for s, e in pieces if s <= m.start()][::-1]  # span starts, nearest first
+    right = [e for s, e in pieces if e >= m.end()]           # span ends, nearest first
+    out = [m.group()]
+    for n in range(widen + 1):
+        for k in range(n + 1):
+            if k < len(left) and n - k < len(right):
+                s, e = min(left[k], m.start()), max(right[n - k], m.end())
+                span = request[s:e].strip(_EDGE) if quoted(request[s:e].strip(_EDGE), m.group()) else request[s:e]
+                if span not in out and len(span) <= 200: out.append(span)
+    return out[:limit]
+
 # %% ../nbs/08_judge.ipynb #86997d51
 CURATOR_PROMPT = (
     "You turn a shopper's request into a grading rubric for a shopping benchmark. Code has already listed the "
@@ -287,12 +312,13 @@ def curator_messages(task:Task, cands:list[Candidate]) -> list[dict]:
     return [dict(role='system', content=CURATOR_PROMPT),
             dict(role='user', content=f"Request: {task.instruction}\n\nCandidates:\n{lines}")]
 
-def curation_schema(cands:list[Candidate]) -> dict:
-    "The JSON schema of a curator answer: one decision per candidate id, quotes bounded."
+def curation_schema(task:Task, cands:list[Candidate]) -> dict:
+    "The JSON schema of a curator answer: one decision per candidate id, each quote one of `quote_spans` of the request."
     obj = lambda **props: dict(type='object', additionalProperties=False, required=list(props), properties=props)
-    d = obj(keep=dict(type='boolean'), label=dict(type='string', enum=['hard', 'soft']),
-            quote=dict(type='string', maxLength=200), same_as=dict(type='string', enum=['', *[c.id for c in cands]]))
-    return obj(candidates=obj(**{c.id: d for c in cands}))
+    same_as = dict(type='string', enum=['', *[c.id for c in cands]])
+    d = lambda c: obj(keep=dict(type='boolean'), label=dict(type='string', enum=['hard', 'soft']),
+                      quote=dict(type='string', enum=quote_spans(task.instruction, c.words)), same_as=same_as)
+    return obj(candidates=obj(**{c.id: d(c) for c in cands}))
 
 # %% ../nbs/08_judge.ipynb #32aa3897
 def _rejected(msgs:list[dict], answer:str, why) -> list[dict]:
@@ -306,7 +332,7 @@ def curate(task:Task, curator:Endpoint|None) -> Rubric:
     cands = candidates(task)
     msgs, errors = curator_messages(task, cands), []
     for attempt in (1, 2):
-        try: text = curator.chat(msgs, curation_schema(cands), 'rubric')
+        try: text = curator.chat(msgs, curation_schema(task, cands), 'rubric')
         except ValueError as e:  # refused (a local endpoint: the request does not fit): code's rubric stands in
             errors.append(f'request refused: {e}')
             break

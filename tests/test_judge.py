@@ -49,6 +49,9 @@ def _logprobs(model:str, top:list[tuple[str, float]]) -> dict:
 def _curation(body:dict, bad_id:bool=False) -> str:
     "A curator answer from the candidate lines of the prompt (faithful, or naming an unknown candidate)."
     cands = [json.loads(l) for l in body['messages'][1]['content'].splitlines() if l.startswith('{"id"')]
+    if fmt := body.get('response_format', {}).get('json_schema'):  # the strict schema offers each candidate's words as a quote
+        offered = fmt['schema']['properties']['candidates']['properties']
+        assert fmt['strict'] and all(offered[c['id']]['properties']['quote']['enum'][0].lower() == c['words'].lower() for c in cands)
     return json.dumps(dict(candidates={'colour_of_the_sky' if bad_id and i == 0 else c['id']: dict(keep=True, label=c['suggested'], quote=c['words'], same_as='')
                                        for i, c in enumerate(cands)}))
 

@@ -86,3 +86,17 @@ def test_a_failed_or_closed_engine_answers_unavailable(tiny):
     with pytest.raises(Unavailable, match='stopped'): ep.chat(msgs)  # the engine is down: no caller hangs
     ep.close()
     with pytest.raises(Unavailable, match='closed'): ep.chat(msgs)
+
+
+def test_a_curator_quotes_only_the_request(shop, tiny):
+    "The curation schema offers spans of the request as quotes: even a random model's quotes are in it and name their candidate."
+    from concurrent.futures import ThreadPoolExecutor
+    from shopping_grpo.judge import curate
+    from shopping_grpo.local_endpoint import LocalEndpoint
+    ep = LocalEndpoint(tiny, rows=4, max_context=4096, device='cpu', max_free_tokens=4)
+    with ThreadPoolExecutor(4) as ex: rubrics = list(ex.map(lambda t: curate(t, ep), shop.tasks['eval'][:4]))
+    ep.close()
+    errors = [e for r in rubrics for e in r.curation.get('errors', [])]
+    assert not [e for e in errors if 'not in the request' in e or 'does not name' in e or 'refused' in e]
+    for r in rubrics:
+        for q in r.requirements: assert q.quote.lower() in r.request.lower()
