@@ -315,9 +315,9 @@ def curator_messages(task:Task, cands:list[Candidate]) -> list[dict]:
 def curation_schema(task:Task, cands:list[Candidate]) -> dict:
     "The JSON schema of a curator answer: one decision per candidate id, each quote one of `quote_spans` of the request."
     obj = lambda **props: dict(type='object', additionalProperties=False, required=list(props), properties=props)
-    same_as = dict(type='string', enum=['', *[c.id for c in cands]])
+    same_as = lambda c: dict(type='string', enum=['', *[o.id for o in cands if o.id != c.id]])  # never itself
     d = lambda c: obj(keep=dict(type='boolean'), label=dict(type='string', enum=['hard', 'soft']),
-                      quote=dict(type='string', enum=quote_spans(task.instruction, c.words)), same_as=same_as)
+                      quote=dict(type='string', enum=quote_spans(task.instruction, c.words)), same_as=same_as(c))
     return obj(candidates=obj(**{c.id: d(c) for c in cands}))
 
 # %% ../nbs/08_judge.ipynb #32aa3897
