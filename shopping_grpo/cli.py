@@ -343,7 +343,7 @@ def _without(line:bytes, keys) -> bytes:
 
 def _publish_one(src:Path, dest:Path, rel:Path, piece_bytes:int, dtype:str) -> list[dict]:
     "Copy one file of a run into `dest`: an adapter halved, in pieces; trajectories without per-token lists; a large JSONL gzipped."
-    import gzip, shutil, tempfile
+    import gzip, tempfile
     from shopping_grpo.model import PieceWriter
     from shopping_grpo.records import sha256_file
     from shopping_grpo.report import TOKEN_KEYS
@@ -361,8 +361,7 @@ def _publish_one(src:Path, dest:Path, rel:Path, piece_bytes:int, dtype:str) -> l
     if rel.suffix == '.jsonl' and len(data) > GZIP_OVER:
         target = target.with_name(rel.name + '.gz')
         target.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same file gives the same bytes
-    elif rel.name == 'trajectories.jsonl': target.write_bytes(data)
-    else: shutil.copyfile(src, target)
+    else: target.write_bytes(data)
     return [dict(path=str(target.relative_to(dest)), bytes=target.stat().st_size, sha256=sha256_file(target))]
 
 # %% ../nbs/99_cli.ipynb #fa91e740

@@ -23,13 +23,13 @@ from .episode import run_message_episode, play
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
-           'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name',
-           'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy',
-           'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'read_trajectories',
-           'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats',
-           'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table',
-           'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate',
-           'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
+           'TRAINING_LADDER', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec',
+           'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy',
+           'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder',
+           'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls',
+           'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata',
+           'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary',
+           'evaluate', 'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
            'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
@@ -533,6 +533,7 @@ def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int
 
 # %% ../nbs/07_evaluate.ipynb #f0d86981
 TRAINED = ('sft', 'grpo')  # stages whose merged checkpoint a run may hold, at run_dir/<stage>/merged
+TRAINING_LADDER = (('sft', 'base'), ('grpo', 'sft'))  # each trained model and the one its training started from
 
 def trained_models(run_dir, **kw) -> list[PolicySpec]:
     "Specs of the merged checkpoints a run folder holds."

@@ -291,7 +291,8 @@ def quote_spans(request:str, words:str, widen:int=7, limit:int=40) -> list[str]:
         for k in range(n + 1):
             if k < len(left) and n - k < len(right):
                 s, e = min(left[k], m.start()), max(right[n - k], m.end())
-                span = request[s:e].strip(_EDGE) if quoted(request[s:e].strip(_EDGE), m.group()) else request[s:e]
+                trimmed = request[s:e].strip(_EDGE)
+                span = trimmed if quoted(trimmed, m.group()) else request[s:e]
                 if span not in out and len(span) <= 200: out.append(span)
     return out[:limit]
 
