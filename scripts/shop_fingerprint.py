@@ -4,7 +4,7 @@ frozen benchmark, without what varies from run to run (seconds, package versions
 A change that should not touch the shop or its scoring (a redesign, a speed-up) leaves it byte-identical:
 
     .venv/bin/python scripts/shop_fingerprint.py outputs/fingerprint outputs/fingerprint/fingerprint_en.json
-    diff outputs/reference/shoppers/fingerprint_en.json outputs/fingerprint/fingerprint_en.json
+    diff outputs/history/shoppers/fingerprint_en.json outputs/fingerprint/fingerprint_en.json
 
 `tests/test_shop_fingerprint.py` runs this comparison.
 

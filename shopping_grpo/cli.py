@@ -15,12 +15,12 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_ADAPTERS', 'PUBLISH_MAX_MB', 'GZIP_OVER',
-           'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU',
-           'STACKS', 'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest', 'stage_key',
-           'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files', 'pack_run',
-           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
-           'restore_adapter', 'publish_run_command', 'serve_model', 'requirement_name', 'read_pins',
+__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS', 'PUBLISH_MAX_MB',
+           'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS',
+           'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest',
+           'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files',
+           'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files',
+           'publish_run', 'restore_adapter', 'publish_run_command', 'serve_model', 'requirement_name', 'read_pins',
            'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
            'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
 
@@ -312,9 +312,11 @@ def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.jso
 
 # %% ../nbs/99_cli.ipynb #3692c418
 PUBLISH_LEFT_OUT = ('tasks', 'collect', 'agent', 'shoppers', 'sft_demo',  # remade from the seed (01, 04) or demonstrations (02c, 03, 05)
+                    'judge_calibration',  # the calibration shoppers' episodes, replayed from the seed (08); their verdicts stay in eval/
                     'report')  # 09_report makes it again from the publication (run_dir: the published folder)
+PUBLISH_KEPT = ('collect/audit.json',)  # what a left-out folder still gives a reader: the collection's audit
 PUBLISH_ADAPTERS = ('sft/adapter', 'grpo/adapter')  # the GRPO model is its adapter on the SFT model: both are needed
-PUBLISH_MAX_MB = 45.0  # a GPU host's call takes 64 MiB: the checkout (~4 MB and the publication) and a bundle piece of ~18 MB
+PUBLISH_MAX_MB = 45.0  # a GPU host's call takes 64 MiB: the checkout (~8 MB and the publication) and a bundle piece of ~13 MB
 GZIP_OVER = 64_000  # bytes: a JSONL file larger than this is published gzipped (read_jsonl reads both)
 
 def _adapter_of(rel:Path) -> str|None:
@@ -326,7 +328,8 @@ def published_files(run_dir, adapters=PUBLISH_ADAPTERS) -> list[Path]:
     out, done = [], read_ledger(Path(run_dir))
     for rel in carried_files(run_dir):
         if rel.parts[0] == 'notebooks' and rel.stem not in done: continue  # a stage cut short: its notebook is partial
-        if rel.parts[0] in PUBLISH_LEFT_OUT or any(s.startswith('checkpoint-') for s in rel.parts): continue
+        if rel.parts[0] in PUBLISH_LEFT_OUT and rel.as_posix() not in PUBLISH_KEPT: continue
+        if 'stale' in rel.parts or any(s.startswith('checkpoint-') for s in rel.parts): continue  # set aside by a later evaluation; mid-training
         if rel.name == 'trajectories.jsonl' and 'val' in rel.parts[:-1]: continue  # validation: its summary stays
         if (ad := _adapter_of(rel)) is not None and (ad not in adapters or
                                                     rel.name not in ('adapter_model.safetensors', 'adapter_config.json')): continue

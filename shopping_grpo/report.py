@@ -117,7 +117,7 @@ STAGE_FILES = {  # name: (path in the run, the stage that writes it, what it is)
 def read_stage(run_dir, name:str, notes:list):
     "One stage file of a run (records for JSONL), or None when absent."
     path = Path(run_dir)/STAGE_FILES[name][0]
-    if path.suffix == '.jsonl': return jsonl_records(path, notes) if path.exists() else None
+    if path.suffix == '.jsonl': return jsonl_records(found, notes) if (found := either(path.parent, path.name)) else None  # a publication gzips large JSONL
     return read_json(path, notes)
 
 # %% ../nbs/09_report.ipynb #050c39bc
@@ -149,13 +149,14 @@ def read_run(run_dir) -> RunResults:
     models = {n: models[n] for n in model_order(models)}
     compare_files = sorted(ev.glob('compare/*.json'))
     comparisons = [c for p in compare_files if (c := read_json(p, notes))]
-    rubrics = by_task(jsonl_records(ev/'rubrics.jsonl', notes))
+    rubrics_file = either(ev, 'rubrics.jsonl') or ev/'rubrics.jsonl'
+    rubrics = by_task(jsonl_records(rubrics_file, notes))
     stages = {k: read_stage(run_dir, k, notes) for k in STAGE_FILES}
     grpo_runs = {p.parent.name: jsonl_records(p, notes) for p in sorted(run_dir.glob('grpo*/metrics.jsonl'))}
     agreement_files = sorted(ev.glob('agreement_*.json'))
     agreements = {a.get('judge', p.stem): a for p in agreement_files if (a := read_json(p, notes))}
-    files = ([run_dir/p for m in models.values() for p in m.files.values()] + compare_files + [ev/'rubrics.jsonl'] +
-             [run_dir/v[0] for v in STAGE_FILES.values()] + [run_dir/n/'metrics.jsonl' for n in grpo_runs] +
+    files = ([run_dir/p for m in models.values() for p in m.files.values()] + compare_files + [rubrics_file] +
+             [either(run_dir, v[0]) or run_dir/v[0] for v in STAGE_FILES.values()] + [run_dir/n/'metrics.jsonl' for n in grpo_runs] +
              agreement_files)
     inputs = {str(p.relative_to(run_dir)): sha256_file(p) for p in files if p.exists()}
     absent = missing_sentences(models, comparisons, rubrics, stages) + notes

@@ -284,8 +284,9 @@ def test_v3_strict_ranks_gold_over_a_stop_over_other_purchases(shop, all_tasks, 
     from shopping_grpo.reward import training_reward, REWARDS, NON_GOLD_PURCHASES
     recs = list(oracle_records.values()) + [run_message_episode(shop, t, ShopperPolicy(p))
                                             for p in (HeuristicShopper(), RandomShopper(0)) for t in all_tasks]
-    ref = Path(__file__).resolve().parent.parent/'outputs'/'reference'/'eval'
-    checks = [json.loads(l) for m in ('sft', 'grpo') for l in (ref/m/'checks.jsonl').read_text().splitlines()]
+    from shopping_grpo.records import read_jsonl
+    ref = Path(__file__).resolve().parent.parent/'outputs'/'reference'/'h200'/'eval'
+    checks = [c for m in ('sft', 'grpo') for c in read_jsonl(ref/m/'checks.jsonl.gz')[0]]
     by = defaultdict(list)  # outcome -> [(v3, v3_strict)]
     for e in recs + checks:
         by[e['reward_detail']['outcome'] if 'reward_detail' in e else e['outcome']].append(

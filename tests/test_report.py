@@ -161,11 +161,11 @@ def test_viewer_shows_verdicts(report, browser):
 def test_reference_report(tmp_path, browser):
     "The committed reference results: the report builds from them and opens."
     from shopping_grpo.report import build_report
-    made = build_report(ROOT/'outputs'/'reference', tmp_path/'report', images=False, max_observation_chars=500)
-    assert made['models'] == ['base', 'sft', 'grpo', 'grpo_spa', 'grpo_steps']; errors = []
+    made = build_report(ROOT/'outputs'/'reference'/'h200', tmp_path/'report', images=False, max_observation_chars=500)
+    assert made['models'] == ['oracle', 'expert', 'heuristic', 'random', 'base', 'sft', 'grpo']; errors = []
     page = open_page(browser, tmp_path/'report'/'compare.html', errors)
     assert len(chart_sizes(page)) >= 6 and all(w > 50 and h > 30 for w, h in chart_sizes(page))
     viewer = open_page(browser, tmp_path/'report'/'viewer.html', errors)
-    assert viewer.locator('#task option').count() == 200 and viewer.locator('.col').count() == 4  # base has no trajectories
+    assert viewer.locator('#task option').count() == 200 and viewer.locator('.col').count() == 7  # every model played every task
     viewer.select_option('#task', index=199); viewer.wait_for_function("() => document.getElementById('position').textContent === '200 of 200'")
     assert not errors, errors

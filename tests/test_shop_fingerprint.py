@@ -7,7 +7,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT/'outputs'/'reference'/'shoppers'/'fingerprint_en.json'
+REFERENCE = ROOT/'outputs'/'history'/'shoppers'/'fingerprint_en.json'
 
 
 def test_fingerprint_matches_reference(tmp_path):
