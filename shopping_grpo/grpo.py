@@ -591,7 +591,7 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     start = _ckpt_step(resume) if resume else 0
     pin_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}), obsolete=(),
             fresh=resume is None)
-    trim_after(out_dir, start)
+    trim_after(out_dir, start if resume else -1)  # a fresh run keeps nothing an earlier attempt wrote
     transformers.set_seed(c.seed)
     tok = AutoTokenizer.from_pretrained(path)
     renderer = ChatRenderer(tok, None, lang)
@@ -613,7 +613,8 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # metrics.jsonl has the step logs
     try:
         if resume is None: validate(run, trainer.model, 0)
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        if start < c.max_steps: trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        else: trainer.state = type(trainer.state).load_from_json(str(resume/'trainer_state.json'))  # done: no step more
         best = export_best(out_dir, path)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):

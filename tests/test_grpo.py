@@ -227,6 +227,21 @@ def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, mon
     assert [r['step'] for r in recs if r['kind'] == 'train'] == [1, 2]
     assert [r['step'] for r in recs if r['kind'] == 'val'] == [0, 1, 2]
     assert (out/'merged'/'config.json').exists() and (out/'adapter'/'adapter_model.safetensors').exists()
+    again = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))  # a finished run, run again
+    assert again['resumed_from'].endswith('checkpoint-2') and again['final_step'] == 2  # trains no step more
+    assert [r['step'] for r in read_metrics(out/'metrics.jsonl') if r['kind'] == 'train'] == [1, 2]
+
+
+def test_a_fresh_run_drops_what_an_earlier_attempt_wrote(shop, tiny, renderer, tmp_path):
+    """A run folder carried from an attempt that stopped before its first checkpoint holds its step-0 validation:
+    the fresh run starts over and logs each validation once."""
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 1})
+    out = tmp_path/'grpo'
+    out.mkdir()
+    (out/'metrics.jsonl').write_text(json.dumps(dict(kind='val', step=0, strict_success=0.9, mean_reward=0.9)) + '\n')
+    train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    vals = [r for r in read_metrics(out/'metrics.jsonl') if r['kind'] == 'val']
+    assert [r['step'] for r in vals] == [0, 1] and vals[0]['strict_success'] != 0.9
 
 
 def test_broken_metrics_lines_are_skipped_and_reported(tmp_path):
