@@ -12,8 +12,8 @@ from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper
 
 # %% auto #0
-__all__ = ['REASONS', 'PARTS', 'AND', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter', 'ungrounded_reasons',
-           'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
+__all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
+           'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
 
 # %% ../nbs/03c_policies.ipynb #376d4657
 class ShopperPolicy:
@@ -44,7 +44,7 @@ def ExpertPolicy(catalog, reasons:bool=False) -> ShopperPolicy:
     "The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher."
     return ShopperPolicy(ExpertShopper(catalog), reasons=reasons)
 
-# %% ../nbs/03c_policies.ipynb #a8f71dbc
+# %% ../nbs/03c_policies.ipynb #667a9a04
 REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
     search_first="Searching with what the request names: {query}.",
     search_again="No product checked so far meets every requirement; searching again with: {query}.",
@@ -66,19 +66,19 @@ PARTS = dict(  # the pieces of a line's lists
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
     no_feature="features without {x}")
 
-AND = ' and '  # the last joint of a list in a line
+LAST_JOINT = ' and '  # between the last two items of a list in a line
 
 def _said(*xs) -> str:
     "The non-empty items as a list a reader says aloud: 'a', 'a and b', 'a, b and c'."
     xs = [x for x in xs if x]
-    return AND.join(xs) if len(xs) < 3 else ', '.join(xs[:-1]) + AND + xs[-1]
+    return LAST_JOINT.join(xs) if len(xs) < 3 else ', '.join(xs[:-1]) + LAST_JOINT + xs[-1]
 
 def reason_words() -> set[str]:
     "The words of the reason lines' own wording (without what they fill in)."
-    text = ' '.join([*REASONS.values(), *PARTS.values(), AND])
+    text = ' '.join([*REASONS.values(), *PARTS.values(), LAST_JOINT])
     return set(re.findall(r'[^\W_]+', re.sub(r'\{\w*\}', ' ', text).lower()))
 
-# %% ../nbs/03c_policies.ipynb #56ef984d
+# %% ../nbs/03c_policies.ipynb #ad1862da
 class ReasonWriter:
     "Writes the expert's reason line for an action: what the page it acts on shows against the request."
     def __init__(self, shopper:ExpertShopper): self.s = shopper  # its parse of the request: brand, model, features, ...
@@ -98,7 +98,7 @@ class ReasonWriter:
         if t == 'information_subpage': return self._on_subpage(state, arg)
         return REASONS['other']
 
-# %% ../nbs/03c_policies.ipynb #bc8a9dc8
+# %% ../nbs/03c_policies.ipynb #cee7ce47
 @patch
 def _price(self:ReasonWriter, price) -> str:
     "The price part of a line: within the request's budget, over it, or not shown."
@@ -124,7 +124,7 @@ def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
                  in_title and PARTS['title'].format(x=_said(*in_title)))
     return REASONS['open'].format(asin=arg, fits=fits)
 
-# %% ../nbs/03c_policies.ipynb #8253fd8c
+# %% ../nbs/03c_policies.ipynb #9033f978
 @patch
 def _lacks(self:ReasonWriter, state:dict) -> list[str]:
     "What the open product page (and its features page, when read) shows against the request."
@@ -135,8 +135,9 @@ def _lacks(self:ReasonWriter, state:dict) -> list[str]:
     if state['asin'] in self.features:
         text = ' '.join(self.features[state['asin']]).lower()
         if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*miss)))
-    if self.budget is not None and (state['price'] is None or state['price'] > self.budget):
-        out.append(self._price(state['price']))
+    chosen = all(o['selected'] == s.opts.get(o['name'], o['selected']) for o in state['options'])
+    if chosen and self.budget is not None and (state['price'] is None or state['price'] > self.budget):
+        out.append(self._price(state['price']))  # the price of the requested variant only
     return [x for x in out if x]
 
 @patch
@@ -173,7 +174,7 @@ def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
     if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*miss))
     return REASONS['features_ok'].format(found=_said(*found))
 
-# %% ../nbs/03c_policies.ipynb #dd2bc9e9
+# %% ../nbs/03c_policies.ipynb #2cb399ea
 def ungrounded_reasons(rec:dict) -> list[tuple[str, list[str]]]:
     """(line, words) for each assistant line with words that are neither the lines' own wording nor in the request or a
     page shown before it: a reason may only say what the agent could see."""
