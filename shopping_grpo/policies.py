@@ -21,6 +21,8 @@ class ShopperPolicy:
     def __init__(self, shopper, as_tool_calls:bool=True,
                  reasons:bool=False):  # write `ReasonWriter`'s line before each call (the expert only, in English)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
+        if reasons and not isinstance(shopper, ExpertShopper):
+            raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
         self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
         self.writer = ReasonWriter(shopper) if reasons else None
     def reset(self, task:Task):
@@ -41,7 +43,8 @@ class ShopperPolicy:
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
 def ExpertPolicy(catalog, reasons:bool=False) -> ShopperPolicy:
-    "The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher."
+    """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
+    `reasons`, a line before each call says what it checks."""
     return ShopperPolicy(ExpertShopper(catalog), reasons=reasons)
 
 # %% ../nbs/03c_policies.ipynb #667a9a04
