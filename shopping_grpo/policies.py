@@ -4,7 +4,7 @@
 
 # %% ../nbs/03c_policies.ipynb #9a73bd34
 from __future__ import annotations
-import json, os
+import json, os, re
 from fastcore.basics import patch
 from .env import parse_action
 from .tasks import Task
@@ -12,31 +12,186 @@ from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper
 
 # %% auto #0
-__all__ = ['ShopperPolicy', 'ExpertPolicy', 'ContextOverflow', 'OpenAIChatPolicy']
+__all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
+           'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
 
 # %% ../nbs/03c_policies.ipynb #376d4657
 class ShopperPolicy:
-    "A text-action shopper of `02c_shoppers` as a tool-calling policy."
-    def __init__(self, shopper, as_tool_calls:bool=True):
-        self.shopper, self.name, self.as_tool_calls = shopper, shopper.name, as_tool_calls
+    "A text-action shopper of `02c_shoppers` as a tool-calling policy; with `reasons`, each call follows a reason line."
+    def __init__(self, shopper, as_tool_calls:bool=True,
+                 reasons:bool=False):  # write `ReasonWriter`'s line before each call (the expert only, in English)
+        if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
+        if reasons and not isinstance(shopper, ExpertShopper):
+            raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
+        self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
+        self.writer = ReasonWriter(shopper) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
+        if self.writer: self.writer.reset(task)
         self.n = 0
     def fork(self) -> 'ShopperPolicy':
         import copy
-        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls)
+        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons)
     def reply(self, ep:Episode) -> dict:
         try: text = self.shopper.act(ep.state)
         except StopIteration: text = 'finish[no plan left]'
         call = from_text_action(*parse_action(text))
         self.n += 1
         if not self.as_tool_calls: return dict(role='assistant', content=text)
-        return dict(role='assistant', content='', tool_calls=[dict(id=f'call_{self.n}', type='function',
+        said = self.writer(ep.state, text) + '\n' if self.writer else ''  # the line, then the call on its own line
+        return dict(role='assistant', content=said, tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
-def ExpertPolicy(catalog) -> ShopperPolicy:
-    "The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher."
-    return ShopperPolicy(ExpertShopper(catalog))
+def ExpertPolicy(catalog, reasons:bool=False) -> ShopperPolicy:
+    """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
+    `reasons`, a line before each call says what it checks."""
+    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons)
+
+# %% ../nbs/03c_policies.ipynb #667a9a04
+REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
+    search_first="Searching with what the request names: {query}.",
+    search_again="No product checked so far meets every requirement; searching again with: {query}.",
+    back_to_search="Back to the search box to try other words.",
+    next_page="No unchecked result on this page fits the request ({needs}); next page.",
+    open="Opening {asin}: its row fits the request ({fits}).",
+    read_features="{asin} shows {shows}; reading its features for {feats}.",
+    features_ok="Its features list {found}, as requested; back to the product page.",
+    features_miss="Its features lack {missing}; back to the product page.",
+    select="Selecting {axis} {value} as requested{left}.",
+    reject="{asin} lacks what the request asks: {lacks}; back to the results.",
+    buy="{asin} meets every requirement: {shows}; buying.",
+    finish="Opened {n} product(s); none showed everything the request asks, so nothing is bought.",
+    other="Going on.")
+PARTS = dict(  # the pieces of a line's lists
+    category="category {x}", brand="brand {x}", model="model {x} in the title", price="price {x} within {budget} yuan",
+    title="title shows {x}", options="options {x} offered", features="features {x} read", selected="{x} selected",
+    left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
+    no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
+    no_feature="features without {x}")
+
+LAST_JOINT = ' and '  # between the last two items of a list in a line
+
+def _said(*xs) -> str:
+    "The non-empty items as a list a reader says aloud: 'a', 'a and b', 'a, b and c'."
+    xs = [x for x in xs if x]
+    return LAST_JOINT.join(xs) if len(xs) < 3 else ', '.join(xs[:-1]) + LAST_JOINT + xs[-1]
+
+def reason_words() -> set[str]:
+    "The words of the reason lines' own wording (without what they fill in)."
+    text = ' '.join([*REASONS.values(), *PARTS.values(), LAST_JOINT])
+    return set(re.findall(r'[^\W_]+', re.sub(r'\{\w*\}', ' ', text).lower()))
+
+# %% ../nbs/03c_policies.ipynb #ad1862da
+class ReasonWriter:
+    "Writes the expert's reason line for an action: what the page it acts on shows against the request."
+    def __init__(self, shopper:ExpertShopper): self.s = shopper  # its parse of the request: brand, model, features, ...
+    def reset(self, task:Task):
+        self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
+        self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
+    def __call__(self, state:dict, action:str) -> str:
+        verb, arg = parse_action(action)
+        t = state['page_type']
+        if verb == 'search':
+            self.searches += 1
+            return REASONS['search_first' if self.searches == 1 else 'search_again'].format(query=arg)
+        if verb == 'finish': return REASONS['finish'].format(n=len(set(self.opened)))
+        if arg == 'back to search': return REASONS['back_to_search']
+        if t == 'search_results': return self._on_results(state, arg)
+        if t == 'product_detail': return self._on_product(state, arg)
+        if t == 'information_subpage': return self._on_subpage(state, arg)
+        return REASONS['other']
+
+# %% ../nbs/03c_policies.ipynb #cee7ce47
+@patch
+def _price(self:ReasonWriter, price) -> str:
+    "The price part of a line: within the request's budget, over it, or not shown."
+    if price is None: return PARTS['no_price']
+    return PARTS['price' if price <= self.budget else 'over'].format(x=f'{price:g}', budget=f'{self.budget:g}')
+
+@patch
+def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
+    "Why the expert opens a result (what its row shows of the request) or turns the page (none left fits)."
+    s = self.s
+    if arg == 'next >':
+        needs = _said(PARTS['category'].format(x=s.cat), s.brand and PARTS['brand'].format(x=s.brand),
+                      s.model and PARTS['model'].format(x=s.model),
+                      self.budget is not None and f"price within {self.budget:g} yuan")
+        return REASONS['next_page'].format(needs=needs)
+    row = next((r for r in state['results'] if r['asin'] == arg), None)
+    if row is None: return REASONS['other']
+    self.opened.append(arg)
+    in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()]
+    fits = _said(PARTS['category'].format(x=row['category']), s.brand and PARTS['brand'].format(x=row['brand']),
+                 s.model and PARTS['model'].format(x=s.model),
+                 self.budget is not None and self._price(row['price']),
+                 in_title and PARTS['title'].format(x=_said(*in_title)))
+    return REASONS['open'].format(asin=arg, fits=fits)
+
+# %% ../nbs/03c_policies.ipynb #9033f978
+@patch
+def _lacks(self:ReasonWriter, state:dict) -> list[str]:
+    "What the open product page (and its features page, when read) shows against the request."
+    s, axes = self.s, {o['name']: o['values'] for o in state['options']}
+    out = [PARTS['wrong_brand'].format(x=state['brand'], want=s.brand) if s.brand and state['brand'] != s.brand else '',
+           PARTS['no_model'].format(x=s.model) if s.model and s.model not in state['title'] else '']
+    out += [PARTS['no_option'].format(x=v) for k, v in s.opts.items() if v not in axes.get(k, [])]
+    if state['asin'] in self.features:
+        text = ' '.join(self.features[state['asin']]).lower()
+        if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*miss)))
+    chosen = all(o['selected'] == s.opts.get(o['name'], o['selected']) for o in state['options'])
+    if chosen and self.budget is not None and (state['price'] is None or state['price'] > self.budget):
+        out.append(self._price(state['price']))  # the price of the requested variant only
+    return [x for x in out if x]
+
+@patch
+def _shows(self:ReasonWriter, state:dict, chosen:bool) -> str:
+    "The requested attributes the open product page shows: brand, model, features read, options, price."
+    s = self.s
+    opts = (PARTS['selected'] if chosen else PARTS['options']).format(x=_said(*s.opts.values())) if s.opts else ''
+    feats = PARTS['features'].format(x=_said(*s.feats)) if s.feats and state['asin'] in self.features else ''
+    return _said(PARTS['category'].format(x=state['category']), s.brand and PARTS['brand'].format(x=state['brand']),
+                 s.model and PARTS['model'].format(x=s.model), feats, opts,
+                 chosen and self.budget is not None and self._price(state['price']))
+
+@patch
+def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
+    "Why the expert reads the features, selects an option, buys, or goes back (what the product lacks)."
+    s, asin = self.s, state['asin']
+    if arg == '< prev': return REASONS['reject'].format(asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
+    if arg == 'features': return REASONS['read_features'].format(asin=asin, shows=self._shows(state, False),
+                                                                feats=_said(*s.feats))
+    if arg == 'buy now': return REASONS['buy'].format(asin=asin, shows=self._shows(state, True))
+    axis = next((o for o in state['options'] if arg in o['values']), None)
+    if axis is None: return REASONS['other']
+    left = [v for k, v in s.opts.items() if k != axis['name']
+            and next((o['selected'] for o in state['options'] if o['name'] == k), None) != v]
+    return REASONS['select'].format(axis=axis['name'], value=arg, left=PARTS['left'].format(x=_said(*left)) if left else '')
+
+@patch
+def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
+    "Which requested features the features page lists, as the expert goes back to the product."
+    if arg != '< prev' or state['section'] != 'features': return REASONS['other']
+    self.features[state['asin']] = list(state['content'])
+    text = ' '.join(state['content']).lower()
+    found = [x for x in self.s.feats if x.lower() in text]
+    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*miss))
+    return REASONS['features_ok'].format(found=_said(*found))
+
+# %% ../nbs/03c_policies.ipynb #2cb399ea
+def ungrounded_reasons(rec:dict) -> list[tuple[str, list[str]]]:
+    """(line, words) for each assistant line with words that are neither the lines' own wording nor in the request or a
+    page shown before it: a reason may only say what the agent could see."""
+    seen, own, out = set(), reason_words(), []
+    for m in rec['messages']:
+        said = re.findall(r'[^\W_]+', (m.get('content') or '').lower())
+        if m['role'] in ('user', 'tool'): seen |= set(said)
+        elif m['role'] == 'assistant' and (new := sorted(set(said) - seen - own)): out.append((m['content'], new))
+    return out
+
+def reason_kind(line:str) -> str|None:
+    "Which entry of `REASONS` wrote `line` (None: none did)."
+    fits = lambda v: re.fullmatch(re.sub(r'\\\{\w*\\\}', '.*', re.escape(v)), line.strip(), re.S)
+    return next((k for k, v in REASONS.items() if fits(v)), None)
 
 # %% ../nbs/03c_policies.ipynb #c95a1895
 class ContextOverflow(Exception):

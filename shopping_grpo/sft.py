@@ -513,7 +513,8 @@ def agreement_table(rows:list[dict]):
 
 # %% ../nbs/05_sft.ipynb #11ba5a97
 def expert_agreement(shop, model_path, out_dir, n_tasks:int|None=None, device:str='cpu', workers:int=2,
-                     progress:bool=False) -> dict:
+                     progress:bool=False,
+                     reasons:bool=False) -> dict:  # the teacher writes its reason lines (a model trained on them)
     "Teacher-forced agreement of the model at `model_path` with the expert on the first `n_tasks` evaluation tasks."
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -521,8 +522,9 @@ def expert_agreement(shop, model_path, out_dir, n_tasks:int|None=None, device:st
     from shopping_grpo.collect import collect
     from shopping_grpo.model import materialize_model
     t0, tasks = time.time(), shop.tasks['eval'][:n_tasks]
-    collect(shop, tasks, ExpertPolicy(shop.catalog), Path(out_dir)/'expert', workers=workers, progress=False)
-    recs = load_trajectories(Path(out_dir)/'expert'/'accepted.jsonl', tasks)
+    folder = Path(out_dir)/('expert-reasons' if reasons else 'expert')
+    collect(shop, tasks, ExpertPolicy(shop.catalog, reasons), folder, workers=workers, progress=False)
+    recs = load_trajectories(folder/'accepted.jsonl', tasks)
     path = str(materialize_model(model_path))
     dtype = torch.bfloat16 if str(device).startswith('cuda') else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
