@@ -9,6 +9,12 @@ decoder (`gen_s`), generated tokens, and tokens/s both over the decoder's time a
 first on validation tasks, and the decoder gap (mean and largest absolute difference between the log-probabilities
 a decoder reports for its tokens and the model's own forward pass, as the trainer computes them).
 
+Where the decoder's time goes: milliseconds per decode step (the decoder's time over its decode steps; for the
+engine a step is any pass that advances the writing rows, prefill included), split into the model's forward passes
+and CUDA graph replays (`forward_s`, timed with a synchronisation on both sides of each, on the GPU) and the rest
+(`host_s`: bookkeeping, masks, sampling, copies, waiting on the device). `--no-split` leaves the forward passes
+untimed (no added synchronisation).
+
     python benchmarks/bench_rollout.py --model qwen2.5-0.5b --steps 3 --out benchmarks/results/rollout_speed_qwen_continuous.json
     python benchmarks/bench_rollout.py --smoke     # CPU, a small random model, one small step: under a minute
 """
@@ -45,6 +51,34 @@ def load(a):
     return path, a.label or a.model, renderer, load_policy_model(path).eval()
 
 
+class ForwardClock:
+    "Seconds inside the model's forward passes and CUDA graph replays, synchronised on both sides (not while capturing)."
+    def __init__(self, model, cuda:bool):
+        import torch
+        self.seconds, self.t0, self.cuda = 0.0, None, cuda
+        model.register_forward_pre_hook(lambda m, args: self.start())
+        model.register_forward_hook(lambda m, args, out: self.stop())
+        if cuda:
+            replay = torch.cuda.CUDAGraph.replay
+            def timed(g):
+                self.start()
+                try: return replay(g)
+                finally: self.stop()
+            torch.cuda.CUDAGraph.replay = timed
+    def _sync(self) -> bool:
+        import torch
+        if not self.cuda: return True
+        if torch.cuda.is_current_stream_capturing(): return False
+        torch.cuda.synchronize()
+        return True
+    def start(self):
+        if self.t0 is None and self._sync(): self.t0 = time.perf_counter()
+    def stop(self):
+        if self.t0 is not None and self._sync():
+            self.seconds += time.perf_counter() - self.t0
+            self.t0 = None
+
+
 def decoder_of(rollout):
     "The decoder inside a rollout's policy (PaddedBatch wraps the static decoder)."
     return getattr(rollout.policy, 'policy', rollout.policy)
@@ -63,6 +97,7 @@ def main():
     ap.add_argument('--recipe', default='{}', help='JSON overrides of the gpu recipe (groups, group_size, extra_groups, ...)')
     ap.add_argument('--n-products', type=int, default=20_000)
     ap.add_argument('--smoke', action='store_true', help='CPU check: a small random model, one small step, under a minute')
+    ap.add_argument('--no-split', action='store_true', help='leave forward passes untimed (no added synchronisation)')
     ap.add_argument('--out', default='benchmarks/results/rollout_speed.json')
     a = ap.parse_args()
     if a.smoke:
@@ -81,6 +116,7 @@ def main():
     cuda = torch.cuda.is_available() and not a.smoke
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     path, label, renderer, model = load(a)
+    clock = None if a.no_split else ForwardClock(model, cuda)
     names = a.variants.split(',')
     over = json.loads(a.recipe)
     rollouts = {d: ShopRollout(shop, renderer, grpo_recipe('gpu', **{**over, 'decoder': d, 'merged_decode': False}),
@@ -101,6 +137,7 @@ def main():
         for d in (names if k % 2 else names[::-1]):
             played_recs[d].clear()
             sync()
+            f0 = clock.seconds if clock else 0.0
             t0 = time.time()
             recs, st = rollouts[d].sample(prompts, model, k)
             sync()
@@ -114,6 +151,12 @@ def main():
             # generated tokens over the decoder's time, and over the rollout's wall time
             row['tokens_per_s'] = round(tokens / st['gen_s'], 1) if st['gen_s'] else None
             row['rollout_tokens_per_s'] = round(tokens / row['rollout_s'], 1)
+            ms = lambda s: round(1000 * s / st['decode_steps'], 2) if st['decode_steps'] else None
+            row['ms_per_step'] = ms(st['gen_s'])
+            if clock:
+                fwd = clock.seconds - f0
+                row.update(forward_s=round(fwd, 3), host_s=round(st['gen_s'] - fwd, 3), forward_ms_per_step=ms(fwd),
+                           host_ms_per_step=ms(st['gen_s'] - fwd))
             for f in ('prefilled', 'reused'):
                 if hasattr(pol, f):
                     row[f] = getattr(pol, f)
@@ -121,7 +164,8 @@ def main():
             steps[d].append(row)
             print(d, json.dumps(row), flush=True)
     med = lambda d, key: statistics.median(r[key] for r in steps[d])
-    keys = ('rollout_s', 'gen_s', 'tokens_per_s', 'rollout_tokens_per_s')
+    keys = ('rollout_s', 'gen_s', 'tokens_per_s', 'rollout_tokens_per_s', 'ms_per_step') + \
+           (() if a.no_split else ('forward_ms_per_step', 'host_ms_per_step'))
     out = dict(model=label, model_identity=model_identity(path), smoke=a.smoke,
                device=torch.cuda.get_device_name() if cuda else 'cpu',
                recipe={k: getattr(r0, k) for k in ('group_size', 'groups', 'extra_groups', 'lockstep_batch',

@@ -375,6 +375,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.generate.nucleus': ('generate.html#nucleus', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.packed_attention': ( 'generate.html#packed_attention',
                                                                                      'shopping_grpo/generate.py'),
+                                        'shopping_grpo.generate.packed_groups': ( 'generate.html#packed_groups',
+                                                                                  'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.row_cache': ('generate.html#row_cache', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.sample_keyed': ('generate.html#sample_keyed', 'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.sample_next': ('generate.html#sample_next', 'shopping_grpo/generate.py'),

@@ -10,7 +10,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder',
-           'row_cache', 'SlotDecoder', 'packed_attention', 'mix32', 'sample_keyed', 'ContinuousDecoder', 'talkative']
+           'row_cache', 'SlotDecoder', 'packed_attention', 'packed_groups', 'mix32', 'sample_keyed',
+           'ContinuousDecoder', 'talkative']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
 def _load(model_path, device, dtype, model, tokenizer):
@@ -463,17 +464,49 @@ def __call__(self:SlotDecoder, contexts:list[list[int]]) -> list[list[int]]:
 # %% ../nbs/03b_generate.ipynb #21758b6a
 def packed_attention(query, key, value, segments, scaling=None):
     """Attention of a packed pass: each segment of the query positions (one row's new tokens) against its own row of
-    the cache, causally, every key/value head's query group folded into query positions (no KV copy)."""
+    the cache, causally, every key/value head's query group folded into query positions (no KV copy of the heads).
+    `segments` holds groups of segments (`packed_groups`): one attention call a group."""
     import torch
-    _, h, _, d = query.shape
+    _, h, T, d = query.shape
     kvh = key.shape[1]
-    g, outs = h // kvh, []
-    for row, lo, hi, klen, mask in segments:
-        q = query[0, :, lo:hi].reshape(1, kvh, g * (hi - lo), d)  # head k*g + j, position i -> (k, j*n + i)
-        o = torch.nn.functional.scaled_dot_product_attention(q, key[row:row + 1, :, :klen], value[row:row + 1, :, :klen],
-                                                             attn_mask=mask, scale=scaling)
-        outs.append(o.reshape(h, hi - lo, d))
-    return torch.cat(outs, 1).transpose(0, 1)[None].contiguous(), None
+    g, out = h // kvh, query.new_empty(T, h, d)
+    for rows, qidx, keep, klen, take, put in segments:
+        n, m = qidx.shape
+        q = query[0][:, qidx].transpose(0, 1).reshape(n, kvh, g * m, d)  # head k*g + j, position i -> (k, j*m + i)
+        o = torch.nn.functional.scaled_dot_product_attention(q, key[rows, :, :klen], value[rows, :, :klen],
+                                                             attn_mask=keep, scale=scaling)
+        out[put] = o.reshape(n, h, m, d).transpose(1, 2).reshape(n * m, h, d)[take]
+    return out[None], None
+
+def packed_groups(segs:list[tuple[int, int, int, int]], g:int, device, budget:int=1 << 25) -> list[tuple]:
+    """The attention groups of a packed pass whose segments `segs` are (row, lo, hi, start): row `row` takes the
+    pass's positions lo..hi-1 at columns start..start+hi-lo-1. Segments are grouped by length while a group's mask
+    (segments x `g` query heads a key/value head x longest segment x longest context) holds at most `budget` entries;
+    a group is (rows, query positions [n, m] (a short segment repeats its last), mask [n, 1, g*m, columns], columns,
+    which of the n*m outputs are real, where they go)."""
+    import torch
+    order = sorted(range(len(segs)), key=lambda i: (segs[i][2] - segs[i][1], segs[i][3]))
+    groups, cur, m, k = [], [], 0, 0
+    for i in order:
+        _, lo, hi, s = segs[i]
+        m2, k2 = max(m, hi - lo), max(k, s + hi - lo)
+        if cur and (len(cur) + 1) * g * m2 * k2 > budget:
+            groups.append((cur, m, k))
+            cur, m2, k2 = [], hi - lo, s + hi - lo
+        cur.append(i)
+        m, k = m2, k2
+    if cur: groups.append((cur, m, k))
+    out = []
+    for ids, m, k in groups:
+        t = torch.tensor([segs[i] for i in ids], device=device)  # [n, 4]: row, lo, hi, start
+        n_new = t[:, 2] - t[:, 1]
+        i = torch.arange(m, device=device)
+        real = i[None] < n_new[:, None]
+        qidx = t[:, 1:2] + torch.minimum(i[None], n_new[:, None] - 1)
+        own = t[:, 3:4] + torch.minimum(i[None], n_new[:, None] - 1)  # each query's own column
+        keep = torch.arange(k, device=device)[None, None] <= own[..., None]  # [n, m, k]
+        out.append((t[:, 0], qidx, keep.repeat(1, g, 1)[:, None], k, real.reshape(-1).nonzero()[:, 0], qidx[real]))
+    return out
 
 # %% ../nbs/03b_generate.ipynb #7dcb3448
 def _mul32(x, c:int):
@@ -535,18 +568,18 @@ def _prefill_packed(self:ContinuousDecoder, rows:list[int], chunks:list[list[int
     for ps in passes:
         segs, lo = [], 0
         for i, s, c in ps:
-            q = torch.arange(s, s + len(c), device=dev)
-            causal = self.cols[None, :s + len(c)] <= q[:, None]  # a new token reads the row's columns up to its own
-            segs.append((rows[i], lo, lo + len(c), s + len(c), causal.repeat(g, 1)))
+            segs.append((rows[i], lo, lo + len(c), s))
             lo += len(c)
-        ids = torch.tensor([t for _, _, c in ps for t in c], device=dev)[None]
-        cols = torch.tensor([s + j for _, s, c in ps for j in range(len(c))], device=dev)
-        self.where.packed, self.where.cols = True, cols
-        self.where.rows = torch.tensor([rows[i] for i, _, c in ps for _ in c], device=dev)
-        last = torch.tensor([hi - 1 for _, _, hi, _, _ in segs], device=dev)
+        ids = [t for _, _, c in ps for t in c]
+        cols = [s + j for _, s, c in ps for j in range(len(c))]
+        where = [rows[i] for i, _, c in ps for _ in c]
+        last = [hi - 1 for _, _, hi, _ in segs]
+        host = torch.tensor(ids + cols + where + last)  # one copy to the device
+        ids, cols, where, last = host.to(dev).split([lo, lo, lo, len(last)])
+        self.where.packed, self.where.cols, self.where.rows = True, cols, where
         try:
-            out = self.model(input_ids=ids, position_ids=cols[None], past_key_values=self.cache, use_cache=True,
-                             logits_to_keep=last, segments=segs)
+            out = self.model(input_ids=ids[None], position_ids=cols[None], past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=last, segments=packed_groups(segs, g, dev))
         finally: self.where.packed, self.where.rows = False, None
         for j, (i, _, _) in enumerate(ps): res[i] = out.logits[0, j]  # a chunk's last piece comes last
         self.prefill_passes += 1
@@ -616,7 +649,7 @@ def _take(self:ContinuousDecoder, r:int, tok:int, lp:float):
 
 @patch
 def _pick(self:ContinuousDecoder, logits, rows:list[int]) -> tuple[list[int], list[float]]:
-    "The next token of each of `rows` from its logits: greedy, or by the row's own next draw."
+    "The next token of each of `rows` from its logits: greedy, or by the row's own next draw; one copy to the host."
     import torch
     if self.temperature <= 0: tok, lp = sample_next(logits, 0.0, 1.0)
     else:
@@ -626,13 +659,14 @@ def _pick(self:ContinuousDecoder, logits, rows:list[int]) -> tuple[list[int], li
             keys.append(mix32(k ^ mix32(n)))
             self.draw[r][1] += 1
         tok, lp = sample_keyed(logits, self.temperature, self.top_p, torch.tensor(keys, device=self.device))
-    return tok.tolist(), lp.tolist()
+    both = torch.stack([tok.double(), lp.double()]).tolist()  # token ids are exact in a double
+    return [int(t) for t in both[0]], both[1]
 
 # %% ../nbs/03b_generate.ipynb #755d300b
 @patch
 def _prefill_waiting(self:ContinuousDecoder):
     """Prefill the new ids of every waiting row's episode (its history is in the row already) and take each row's
-    first token."""
+    first token; the rows writing a reply take their next token in the same pass."""
     import torch
     rows, chunks, starts = [], [], []
     for r in self.waiting:
@@ -650,12 +684,17 @@ def _prefill_waiting(self:ContinuousDecoder):
     if not rows: return
     self.prefilled += sum(map(len, chunks))
     self.reused += sum(starts)
+    writing = sorted(self.pending)  # each writes its last token at its next column
     t0 = time.time()
     try:
-        with torch.inference_mode(): toks, lps = self._pick(self._prefill_packed(rows, chunks, starts), rows)
+        with torch.inference_mode():
+            toks, lps = self._pick(self._prefill_packed(rows + writing, chunks + [[self.pending[r]] for r in writing],
+                                                        starts + [self.written[r] for r in writing]), rows + writing)
     except Exception as err: return self._fail_rows(err)
     finally: self.gen_seconds += time.time() - t0
-    for r, t, l in zip(rows, toks, lps): self._take(r, t, l)
+    if writing: self.decode_steps += 1
+    for r in writing: self.written[r] += 1
+    for r, t, l in zip(rows + writing, toks, lps): self._take(r, t, l)
 
 @patch
 def _decode(self:ContinuousDecoder):
@@ -666,16 +705,20 @@ def _decode(self:ContinuousDecoder):
     t0 = time.time()
     try:
         with torch.inference_mode():
-            live = torch.zeros(self.rows, dtype=torch.bool)
-            live[rows] = True
-            self.live.copy_(live)
-            self.lens.copy_(torch.tensor(self.written))
-            self.tok_in[rows, 0] = torch.tensor([self.pending[r] for r in rows], device=self.device)
+            R = self.rows
+            tok = [0] * R
+            for r in rows: tok[r] = self.pending[r]
+            live = [0] * R
+            for r in rows: live[r] = 1
+            host = torch.tensor(live + self.written + tok).to(self.device)  # one copy to the device
+            self.live.copy_(host[:R])
+            self.lens.copy_(host[R:2 * R])
+            self.tok_in[:, 0] = host[2 * R:]  # idle rows' tokens go to the scratch column, never read
             if self.graph:
                 g, out = self.graphs.get(width) or self._capture(width)
                 g.replay()
             else: out = self._step(width)
-            toks, lps = self._pick(out[rows], rows)
+            toks, lps = self._pick(out if len(rows) == R else out[rows], rows)
     except Exception as err: return self._fail_rows(err)
     finally: self.gen_seconds += time.time() - t0
     self.decode_steps += 1
