@@ -23,13 +23,13 @@ class FakeEpisode:
     "An episode that answers every reply with `answer` random ids, over `turns` turns."
     def __init__(self, i:int, prompt:int, answer:int, turns:int, vocab:int):
         self.rng, self.vocab, self.answer, self.left = random.Random(i), vocab, answer, turns
-        self.ids, self.done, self.seed = [self.rng.randrange(2, vocab) for _ in range(prompt)], False, i
+        self.ids, self.done, self.seed, self.failure = [self.rng.randrange(2, vocab) for _ in range(prompt)], False, i, None
     def context(self): return self.ids
     def feed(self, ids, lps):
         self.ids = self.ids + ids + [self.rng.randrange(2, self.vocab) for _ in range(self.answer)]
         self.left -= 1
         self.done = self.left <= 0
-    def fail(self, reason, err): self.done = True
+    def fail(self, reason, err): self.done, self.failure = True, f'{reason}: {err}'
 
 
 def main():
@@ -115,8 +115,10 @@ def main():
                prefill_host_ms=ms(tm['prefill'] - fwd['prefill'], n_pre),
                forward_share=round((fwd['decode'] + fwd['prefill']) / (tm['decode'] + tm['prefill']), 3),
                other_ms_per_step=ms(wall - tm['decode'] - tm['prefill'], steps),
-               fingerprint=hash(tuple(tuple(e.ids) for e in eps)) & 0xffffffff)
+               fingerprint=hash(tuple(tuple(e.ids) for e in eps)) & 0xffffffff,
+               failed=sum(e.failure is not None for e in eps), first_failure=next((e.failure for e in eps if e.failure), None))
     print(json.dumps(out, indent=1))
+    if out['failed'] == n: raise SystemExit(f"every episode failed, nothing was timed: {out['first_failure']}")
     if a.out:
         with open(a.out, 'w') as f: f.write(json.dumps(out, indent=1))
 
