@@ -536,6 +536,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.judge.evidence_record': ('judge.html#evidence_record', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.evidence_sha256': ('judge.html#evidence_sha256', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.evidence_truth': ('judge.html#evidence_truth', 'shopping_grpo/judge.py'),
+                                     'shopping_grpo.judge.examples_for': ('judge.html#examples_for', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.fit_calibration': ('judge.html#fit_calibration', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.forbidden_in_prompts': ( 'judge.html#forbidden_in_prompts',
                                                                                    'shopping_grpo/judge.py'),

@@ -37,10 +37,10 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement', 'prompt_leaks',
            'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine', 'page_lines',
            'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
-           'worked_examples', 'Calibration', 'fit_calibration', 'answer_mass', 'evidence_sha256', 'evidence_record',
-           'evidence_judgment', 'calibration_trajectories', 'read_calibration', 'calibrate_judge', 'agreement_table',
-           'current_evidence', 'evidence_judgments', 'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts',
-           'run_agreement', 'write_agreement', 'run_judges']
+           'worked_examples', 'examples_for', 'Calibration', 'fit_calibration', 'answer_mass', 'evidence_sha256',
+           'evidence_record', 'evidence_judgment', 'calibration_trajectories', 'read_calibration', 'calibrate_judge',
+           'agreement_table', 'current_evidence', 'evidence_judgments', 'judge_evidence', 'known_mode',
+           'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement', 'run_judges']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -1169,8 +1169,9 @@ EVIDENCE_PROMPT = (
     "Answer with one word: yes, no or unclear.")
 
 def question_messages(q:Question, examples:list=()) -> list[dict]:
-    "The conversation that asks `q`: the system prompt, the worked examples (question text, answer word), the question."
-    shots = [dict(role=role, content=x) for text, word in examples for role, x in (('user', text), ('assistant', word))]
+    "The conversation that asks `q`: the system prompt, the worked examples of its kind (`examples_for`), the question."
+    shots = [dict(role=role, content=x) for text, word, *_ in examples_for(q.kind, examples)
+             for role, x in (('user', text), ('assistant', word))]
     return [dict(role='system', content=EVIDENCE_PROMPT), *shots, dict(role='user', content=q.text)]
 
 # %% ../nbs/08_judge.ipynb #9447de43
@@ -1180,22 +1181,37 @@ def teaching_answer(q:Question, truth:bool|None) -> str|None:
     "The answer word a worked example built from `q` shows, or None when its lines do not make the answer plain."
     shown = any(quoted(l.text, q.words) for l in q.lines)
     has = lambda *sources: any(l.source in sources for l in q.lines)
+    priced = any(l.source == 'about' and 'price ' in l.text for l in q.lines)
+    if q.kind == 'budget': return None if truth is None or not priced else 'yes' if truth else 'no'
     if truth is True and shown: return 'yes'
     if truth is False and q.kind == 'option' and has('option'): return 'no'
     if truth is False and q.kind == 'feature' and has('features') and not shown: return 'no'
+    if truth is False and q.kind in ('category', 'brand') and has('about') and not shown: return 'no'
+    if truth is False and q.kind == 'model' and has('title') and not shown: return 'no'
     if truth is not None and q.kind == 'feature' and not has('features', 'description', 'attributes') and not shown:
         return 'unclear'
     return None
 
-def worked_examples(items:list[tuple[Question, bool|None]], per_answer:int=1) -> list[tuple[str, str]]:
-    "`per_answer` worked examples (question text, answer word) of each answer from `items` (question, truth), in order."
-    out = []
+def worked_examples(items:list[tuple[Question, bool|None]], per_answer:int=1) -> list[tuple[str, str, str]]:
+    """Worked examples (question text, answer word, requirement kind) from `items` (question, truth): `per_answer` of
+    yes and of no for every kind that has them, then `per_answer` of unclear, the kinds of `EXAMPLE_KINDS` first; from
+    the tasks already drawn on where they can (an example's task is not asked in calibration)."""
+    out, used = [], set()
+    def pick(qs:list, word:str) -> None:
+        for q in sorted(qs, key=lambda q: q.task_id not in used)[:per_answer]:  # stable: the first of a task drawn on
+            out.append((q.text, word, q.kind)); used.add(q.task_id)
     for word in ANSWERS.values():
         fits = [q for q, t in items if teaching_answer(q, t) == word]
         first = EXAMPLE_KINDS[word]
         rank = lambda q: first.index(q.kind) if q.kind in first else len(first)
-        out += [(q.text, word) for q in sorted(fits, key=rank)[:per_answer]]  # sorted is stable: the first of a kind
+        if word == 'unclear': pick(sorted(fits, key=rank), word)
+        else:
+            for k in KINDS: pick([q for q in fits if q.kind == k], word)
     return out
+
+def examples_for(kind:str, examples:list) -> list:
+    "The worked examples a question of `kind` is shown: those of its kind and every unclear one (a pair, from an older calibration: all)."
+    return [x for x in examples if len(x) < 3 or x[2] == kind or x[1] == ANSWERS['unclear']]
 
 # %% ../nbs/08_judge.ipynb #61d32093
 @dataclass
@@ -1204,7 +1220,7 @@ class Calibration:
     thresholds: dict = field(default_factory=dict)  # kind -> threshold on p(yes) / (p(yes) + p(no)); else `default`
     default: float = 0.5
     unclear_above: float = 0.5                      # unclear when p(unclear) / p(any answer) exceeds it (1.0: never)
-    examples: list = field(default_factory=list)    # worked examples: (question text, answer word)
+    examples: list = field(default_factory=list)    # worked examples: (question text, answer word, requirement kind)
     fitted: dict = field(default_factory=dict)      # what it was fitted on and how well it did there ({}: not fitted)
     def verdict(self, kind:str, p:dict) -> str:
         "The verdict of answer probabilities `p` (by verdict) on a requirement of `kind`."
@@ -1340,7 +1356,7 @@ def calibrate_judge(recs:list[dict], tasks:list[Task], scorer, path, per_answer:
              for r in usable for q in evidence_questions(r, rubrics[r['task_id']]) or []]
     items = [(q, t) for q, t in items if t is not None]
     examples = worked_examples(items, per_answer)
-    shown = {q.task_id for q, t in items if (q.text, teaching_answer(q, t)) in set(examples)}
+    shown = {q.task_id for q, t in items if (q.text, teaching_answer(q, t), q.kind) in set(examples)}
     asked = [(q, t) for q, t in items if q.task_id not in shown]
     judge = scorer.public().get('model')
     key = sha256_json([judge, [question_messages(q, examples) for q, _ in asked]])
