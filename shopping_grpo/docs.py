@@ -10,9 +10,10 @@ import ast, gzip, html, json, re, shutil, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['ROOT', 'REFERENCE_RUN', 'SMOKE_RUN', 'CSS', 'stages', 'rel', 'pick_run', 'read_nb', 'src', 'md', 'render_output',
-           'embedded_spec', 'vega_svg', 'render_nb', 'module_notebooks', 'api_body', 'page', 'sidebar', 'fix_links',
-           'execute_index', 'build']
+__all__ = ['ROOT', 'REFERENCE_RUN', 'SMOKE_RUN', 'CSS', 'README_HEAD', 'stages', 'rel', 'pick_run', 'read_nb', 'src', 'md',
+           'render_output', 'embedded_spec', 'vega_svg', 'is_asis', 'asis_text', 'render_nb', 'module_notebooks',
+           'api_body', 'page', 'sidebar', 'fix_links', 'execute_index', 'readme_link', 'readme_links',
+           'readme_markdown', 'words', 'write_readme', 'build']
 
 # %% ../nbs/10_docs.ipynb #bcd9a000
 ROOT = Path(__file__).resolve().parent.parent if '__file__' in globals() else Path('..').resolve()
@@ -127,8 +128,18 @@ def vega_svg(spec:dict|None) -> str:
     except Exception as e: return f'<p class="note">a chart vl-convert could not draw: {html.escape(str(e)[:200])}</p>'
 
 # %% ../nbs/10_docs.ipynb #dd4177bd
+def is_asis(c:dict) -> bool:
+    "A code cell whose first line is `#| output: asis`: what it prints is markdown, shown as prose."
+    lines = src(c.get('source', '')).lstrip().splitlines()
+    return c.get('cell_type') == 'code' and bool(lines) and re.fullmatch(r'#\|\s*output:\s*asis\s*', lines[0]) is not None
+
+def asis_text(c:dict) -> str:
+    "The markdown an `asis` cell printed: its stdout, joined."
+    return ''.join(src(o.get('text')) for o in c.get('outputs', [])
+                   if o.get('output_type') == 'stream' and o.get('name') == 'stdout')
+
 def render_nb(nb:dict) -> tuple[str, str]:
-    "Title and body of a notebook: prose as HTML, code folded, outputs shown."
+    "Title and body of a notebook: prose as HTML, code folded, outputs shown (an `asis` cell's stdout as prose)."
     parts, title = [], None
     for c in nb['cells']:
         s = src(c['source'])
@@ -140,7 +151,9 @@ def render_nb(nb:dict) -> tuple[str, str]:
             label = 'parameters (this run)' if 'injected-parameters' in tags else 'code'
             if s.strip():
                 parts.append(f'<details><summary>{label}</summary><pre><code>{html.escape(s)}</code></pre></details>')
-            outs = ''.join(render_output(o) for o in c.get('outputs', []))
+            asis, shown = is_asis(c), c.get('outputs', [])
+            if asis: shown = [o for o in shown if not (o.get('output_type') == 'stream' and o.get('name') == 'stdout')]
+            outs = (md(asis_text(c)) if asis else '') + ''.join(render_output(o) for o in shown)
             if outs: parts.append(f'<div class="output">{outs}</div>')
     return title or '', '\n'.join(parts)
 
@@ -256,6 +269,40 @@ def execute_index(timeout:int=300) -> dict:
     resources = {'metadata': {'path': str(ROOT/'nbs')}}
     NotebookClient(nb, timeout=timeout, kernel_name='python3', resources=resources).execute()
     return json.loads(nbformat.writes(nb))
+
+# %% ../nbs/10_docs.ipynb #3a62c67b
+README_HEAD = '<!-- Generated from nbs/index.ipynb by `make readme`: do not edit by hand. -->'
+
+def readme_link(target:str) -> str:
+    "A link written in nbs/ as it reads from the repository's top (URLs, anchors and absolute paths as they are)."
+    import posixpath
+    if re.match(r'[a-zA-Z][\w+.-]*:|#|/', target): return target
+    return posixpath.normpath(posixpath.join('nbs', target))
+
+def readme_links(text:str) -> str:
+    "Every markdown link `[x](target)` of `text` led from the repository's top."
+    return re.sub(r'(\]\()([^)\s]+)', lambda m: m.group(1) + readme_link(m.group(2)), text)
+
+# %% ../nbs/10_docs.ipynb #8ca48664
+def readme_markdown(nb:dict) -> str:
+    "GitHub markdown of an executed notebook: prose (links from the top), `asis` cells' stdout; no code, no other output."
+    parts = [README_HEAD]
+    for c in nb['cells']:
+        if c['cell_type'] == 'markdown': parts.append(readme_links(src(c['source']).strip()))
+        elif is_asis(c): parts.append(asis_text(c).strip())
+    return '\n\n'.join(p for p in parts if p) + '\n'
+
+def words(text:str) -> int:
+    "How many words `text` has, counted as `wc -w` does (runs of non-space)."
+    return len(text.split())
+
+def write_readme(out=ROOT/'README.md', index_nb:dict|None=None) -> dict:
+    "Write `out` from the executed front page (`index_nb`, else nbs/index.ipynb executed now); its words before and after."
+    out = Path(out)
+    before = words(out.read_text(encoding='utf-8')) if out.exists() else 0
+    text = readme_markdown(index_nb if index_nb is not None else execute_index())
+    out.write_text(text, encoding='utf-8')
+    return dict(out=rel(out), words_before=before, words_after=words(text))
 
 # %% ../nbs/10_docs.ipynb #53ce46ed
 def _stage_head(st:str, label:str, ledger:dict) -> str:
