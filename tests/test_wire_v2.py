@@ -157,7 +157,7 @@ def test_the_client_check_refuses_each_broken_page(shop):
 
 
 def test_fixture_pages_read_alike_but_not_byte_for_byte(played, wire):
-    "Another v2 server's pages differ only where it sends less or writes v2 differently (README: Serving the shop)."
+    "Another v2 server's pages differ only where it sends less or writes v2 differently (nbs/02a_server.ipynb: Serving the shop)."
     _, fixture = wire
     recs = played['expert', 0]
     ours = recs['in_process']['messages']
