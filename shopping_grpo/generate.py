@@ -753,5 +753,6 @@ def talkative(model, end_id:int, std:float=0.3, end_bias:float=8.0, seed:int=0):
     head = model.get_output_embeddings()
     bias = torch.zeros(head.weight.shape[0], dtype=head.weight.dtype, device=head.weight.device)
     bias[end_id] = end_bias
-    head.register_forward_hook(lambda module, args, out: out + bias)
+    head.register_buffer('talk_bias', bias, persistent=False)  # a buffer: it follows the model to another device or dtype
+    head.register_forward_hook(lambda module, args, out: out + module.talk_bias)
     return model
