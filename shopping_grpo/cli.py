@@ -42,7 +42,7 @@ def serve_env(host:str=typer.Option('127.0.0.1', help='address to bind; 127.0.0.
 def load_profile(name:str) -> dict:
     "The parameters of profile `name` (a file in `profiles/`, or a path); `base: other` takes other's and overrides them."
     import yaml
-    p = Path(name) if Path(name).suffix else ROOT/'profiles'/f'{name}.yaml'
+    p = Path(name) if Path(name).suffix in ('.yaml', '.yml') else ROOT/'profiles'/f'{name}.yaml'  # 'h200-1.5b' is a name
     if not p.exists():
         known = ', '.join(sorted(x.stem for x in (ROOT/'profiles').glob('*.yaml')))
         raise typer.BadParameter(f"no profile {name!r}; known: {known}")
