@@ -303,8 +303,12 @@ CURATOR_PROMPT = (
     'For every candidate id give: "keep", true if the request states it; "label", "hard" if a product that fails it is '
     'not what the shopper asked for, "soft" if it is only a preference; "quote", the exact words of the request that '
     'state it; "same_as", the id of another kept candidate that says the same thing, or "" if it stands on its own.\n'
+    'In this shop a product of another category, or over the budget, is not what was asked for: those two are hard. A '
+    'brand, a model, a feature or an option is scored as a match that can be partial: soft, unless the request says '
+    'the shopper will take nothing else. Each candidate comes with the label code suggests for it.\n'
     'Answer with one JSON object and nothing else: '
-    '{"candidates": {"category": {"keep": true, "label": "hard", "quote": "...", "same_as": ""}}}')
+    '{"candidates": {"category": {"keep": true, "label": "hard", "quote": "...", "same_as": ""}, '
+    '"brand": {"keep": true, "label": "soft", "quote": "...", "same_as": ""}}}')
 
 def curator_messages(task:Task, cands:list[Candidate]) -> list[dict]:
     "The curator's conversation for `task`."
