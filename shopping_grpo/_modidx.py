@@ -61,6 +61,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'shopping_grpo.collect.content_hash': ('collect.html#content_hash', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.load_trajectories': ( 'collect.html#load_trajectories',
                                                                                     'shopping_grpo/collect.py'),
+                                       'shopping_grpo.collect.opened': ('collect.html#opened', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.rejection': ('collect.html#rejection', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.resume': ('collect.html#resume', 'shopping_grpo/collect.py'),
                                        'shopping_grpo.collect.run_pool': ('collect.html#run_pool', 'shopping_grpo/collect.py'),

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_collect.ipynb #1d766c6a
 from __future__ import annotations
-import hashlib, json, re, time, warnings
+import hashlib, json, math, re, time, warnings
 from collections import Counter
 from pathlib import Path
 from .records import (write_atomic, sha256_file, package_versions, benchmark_hash, append_record,
@@ -18,7 +18,7 @@ from .policies import ExpertPolicy
 # %% auto #0
 __all__ = ['VOLATILE', 'HELD_OUT', 'rejection', 'load_trajectories', 'resume', 'shopping_trace', 'words', 'ungrounded',
            'behaviour', 'Prefix', 'accepted_prefix', 'run_pool', 'collect', 'content_hash', 'write_records',
-           'write_collection', 'split_accepted', 'check_disjoint', 'write_sft_split']
+           'write_collection', 'opened', 'split_accepted', 'check_disjoint', 'write_sft_split']
 
 # %% ../nbs/04_collect.ipynb #b56306ff
 def rejection(rec:dict) -> str|None:
@@ -246,12 +246,29 @@ def write_collection(out_dir, tasks:list[Task], done:dict, shop:Shop, config:dic
     return a
 
 # %% ../nbs/04_collect.ipynb #e0939e03
-def split_accepted(accepted:list[dict], n_train:int=800, n_val:int=200, seed:int=0) -> tuple[list[dict], list[dict]]:
+def opened(rec:dict) -> int:
+    "How many products an episode opened: its `open_product` calls."
+    return sum(c['function']['name'] == 'open_product' for m in rec['messages'] if m['role'] == 'assistant'
+               for c in m.get('tool_calls') or [])
+
+def split_accepted(accepted:list[dict], n_train:int=800, n_val:int=200, seed:int=0,
+                   rejection_share:float|None=None,  # at least this share of train opened a product it did not buy
+                   ) -> tuple[list[dict], list[dict]]:
     "Deterministic train and validation records, by task id."
     if len(accepted) < n_train + n_val:
         raise ValueError(f"{len(accepted)} accepted episodes, but the split asks for {n_train} train + {n_val} val")
     rank = sorted(accepted, key=lambda r: hashlib.sha256(f"{seed}:{r['task_id']}".encode()).hexdigest())
-    return rank[:n_train], rank[n_train:n_train + n_val]
+    if rejection_share is None: return rank[:n_train], rank[n_train:n_train + n_val]
+    if not 0 <= rejection_share <= 1: raise ValueError(f"rejection_share must lie in [0, 1], got {rejection_share}")
+    want = math.ceil(rejection_share * n_train)
+    rejecting = sorted((r for r in rank if opened(r) > 1), key=opened)  # stable: the fewest products opened, then by rank
+    if len(rejecting) < want:
+        raise ValueError(f"{len(rejecting)} accepted episodes turned a product down, but rejection_share {rejection_share} "
+                         f"asks for {want} of {n_train}: accept more episodes (target_accepted)")
+    chosen = {r['task_id'] for r in rejecting[:want]}
+    rest = [r for r in rank if r['task_id'] not in chosen]
+    train = [r for r in rank if r['task_id'] in chosen or r['task_id'] in {x['task_id'] for x in rest[:n_train - want]}]
+    return train, rest[n_train - want:n_train - want + n_val]
 
 # %% ../nbs/04_collect.ipynb #ced250ec
 HELD_OUT = ('grpo_train', 'grpo_val', 'eval')  # splits SFT data must not touch
@@ -274,7 +291,7 @@ def write_sft_split(out_dir, train:list[dict], val:list[dict], shop:Shop, seed:i
         raise ValueError(f"tasks in both train and val: {sorted(both)[:5]}")
     hashes = dict(train=write_records(out_dir/'sft_train.jsonl', train),
                   val=write_records(out_dir/'sft_val.jsonl', val))
-    s = dict(n_train=len(train), n_val=len(val), seed=seed, sha256=hashes)
+    s = dict(n_train=len(train), n_val=len(val), train_rejecting=sum(opened(r) > 1 for r in train), seed=seed, sha256=hashes)
     if (p := out_dir/'audit.json').exists():
         write_atomic(p, json.dumps({**json.loads(p.read_text()), 'sft_split': s}, indent=1, ensure_ascii=False))
     return s
