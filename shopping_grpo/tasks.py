@@ -581,9 +581,11 @@ def wording_words(lang:str='en', path=None) -> dict|None:
     return words
 
 def alternatives(words:dict, axis:str|None, value:str) -> list[str]:
-    "Every other wording of feature `value` (`axis` None) or of option `value` on `axis`: the table's and its spellings."
+    "Every other wording of feature `value` (`axis` None) or of option `value` on `axis`: the table's, its patterns' and its spellings."
     table = words['features'] if axis is None else words['colours'] if axis == 'colour' else words['options'].get(axis, {})
-    return list(dict.fromkeys([*table.get(value, []), *spelling_variants(value)]))
+    rules = words['patterns']['features'] if axis is None else words['patterns']['options'].get(axis, [])
+    ruled = [re.sub(a, b, value) for a, b in rules if re.search(a, value)]  # 'adjustable strap' -> 'strap that adjusts'
+    return list(dict.fromkeys(x for x in [*table.get(value, []), *ruled, *spelling_variants(value)] if x != value))
 
 # %% ../nbs/01_tasks.ipynb #28519283
 def ambiguous_alternatives(words:dict) -> list[tuple]:
