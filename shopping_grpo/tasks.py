@@ -609,12 +609,11 @@ def mixed_words(f:TaskFacts, p:dict, words:dict) -> dict:
                 options={v: alternatives(words, k, v) for k, v in f.options.items()})
 
 def _swap_words(p:dict, f:TaskFacts, words:dict, rng:random.Random) -> dict:
-    "Product `p` as the request will name it: some of the task's features and option values in other words."
+    "Product `p` as the request will name it: some of the task's option values in other words."
     share, swap = words['p_word_swap'], lambda xs: rng.choice(xs) if xs and rng.random() < share else None
-    feats = [(swap(alternatives(words, None, k)) or x) if k in f.features else x for k, x in zip(p['feature_keys'], p['features'])]
     axes = [dict(a, values=[(swap(alternatives(words, a['key'], k)) or x) if f.options.get(a['key']) == k else x
                             for k, x in zip(a['value_keys'], a['values'])]) for a in p['axes'] or []]
-    return dict(p, features=feats, axes=axes)
+    return dict(p, axes=axes)
 
 def _noise(text:str, words:dict, rng:random.Random) -> str:
     "`text` with its articles dropped and in lower case, each some of the time."
@@ -624,19 +623,22 @@ def _noise(text:str, words:dict, rng:random.Random) -> str:
 
 def mixed_problems(t:Task, p:dict, words:dict) -> list[str]:
     "The facts of task `t` (target `p`) its request does not state, reading the model and budget as styles write them ('BT407', 'fifty', 'pairs,87')."
-    f, x = t.facts, re.sub(r'(?<=[a-z]),(?=\d)', ', ', t.instruction)  # 'pairs,87': a separator without its space
+    f, x = t.facts, t.instruction
     if f.model:
         for form in ('nodash', 'space'):
             x = re.sub(rf'(?i)(?<![a-z0-9-]){re.escape(write_name(f.model, form))}(?![a-z0-9-])', f.model, x)
     if f.budget is not None and (w := number_words(int(f.budget), t.lang)):
         x = re.sub(rf'(?i)(?<![a-z-]){re.escape(w)}(?![a-z-])', f'{f.budget:g}', x)
+    x = re.sub(r'(?<=[a-z]),(?=\d)', ', ', x)  # 'pairs,87': a separator without its space
     return request_problems(replace(t, instruction=x), mixed_words(f, p, words))
 
 # %% ../nbs/01_tasks.ipynb #8dfe24e3
 def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, words:dict) -> str:
     "A request in `style` widened by the word tables `words`: other words for facts, more budgets, openings and context, noise."
+    needs = {k: [*style['needs_table'].get(k, []), *alternatives(words, None, k)] for k in f.features}  # a feature said alone, in other words
     wide = dict(style, open=style['open'] + words['open'], budget=style['budget'] + words['budget'],
-                context=style['context'] + words['context'], p_context=max(style['p_context'], words['p_context']))
+                context=style['context'] + words['context'], p_context=max(style['p_context'], words['p_context']),
+                needs_table={**style['needs_table'], **needs}, needs=max(style['needs'], words['p_word_swap']))
     text = word_varied(f, _swap_words(p, f, words, rng), lang, rng, wide)
     noisy = _noise(text, words, rng)
     return noisy if not mixed_problems(Task('', '', lang, noisy, f), p, words) else text  # noise never hides a fact
