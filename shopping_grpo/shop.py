@@ -36,7 +36,7 @@ DEFAULT_SIZES = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=200)
 
 def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, lang:str='en', sizes:dict|None=None,
                  progress:bool=True,
-                 wording:str|None=None,  # 'template' | 'varied' (training styles of `01_tasks`); None: the files present
+                 wording:str|None=None,  # 'template' | 'varied' | 'mixed' (wordings of `01_tasks`); None: the files present
                  ) -> Shop:
     "Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`; `sizes=None` loads the task files present."
     run_dir = Path(run_dir)
@@ -51,7 +51,10 @@ def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, la
         path = run_dir/'tasks'/f'{s}_{lang}.jsonl'
         if path.exists(): tasks[s] = read_tasks(path, catalog)
     counted = [s for s in sizes if sizes[s] >= 0 and not (s == 'eval' and frozen)]
-    worded = lambda ts: wording is None or all(bool(t.wording) == (wording == 'varied') for t in ts)
+    kind = lambda t: 'template' if not t.wording else 'mixed' if t.wording.endswith('+words') else 'varied'
+    fits = dict(template={'template'}, varied={'varied'}, mixed={'template', 'mixed'})  # mixed: some kept in the template
+    worded = lambda ts: wording is None or ({kind(t) for t in ts} <= fits[wording] and
+                                            (wording != 'mixed' or not ts or ts[0].split == 'eval' or 'mixed' in {kind(t) for t in ts}))
     stale = [s for s in tasks if not worded(tasks[s])]  # written in the other wording: made again
     if set(tasks) != set(sizes) or stale or any(len(tasks[s]) != sizes[s] for s in counted):
         made = make_tasks(catalog, sizes, task_seed, lang, progress, wording=wording or 'template')

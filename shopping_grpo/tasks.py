@@ -12,12 +12,13 @@ from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
 __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK',
-           'BENCHMARKS', 'HUMAN_LANGS', 'TaskFacts', 'Task', 'satisfies', 'word_request', 'wording_styles',
-           'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword', 'reword_tasks',
-           'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
+           'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'TaskFacts', 'Task', 'satisfies', 'word_request',
+           'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword',
+           'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
            'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
            'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'human_words', 'request_problems',
-           'request_frame', 'wording_variety', 'freeze_human']
+           'request_frame', 'wording_variety', 'freeze_human', 'spelling_variants', 'wording_words', 'alternatives',
+           'ambiguous_alternatives', 'mixed_words', 'mixed_problems', 'word_mixed', 'reword_mixed', 'mixed_is_template']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -114,7 +115,7 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
 
 # %% ../nbs/01_tasks.ipynb #d7cac943
-WORDINGS = ('template', 'varied')  # how requests are written: the one template style, or the styles of the file
+WORDINGS = ('template', 'varied', 'mixed')  # how requests are written: the one template style, the styles of the file, or both with other words
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -325,6 +326,7 @@ def split_of_cluster(cluster:int, seed:int) -> str:
 # %% ../nbs/01_tasks.ipynb #b3b0cd13
 def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, progress:bool=False,
                wording:str='template',  # 'varied': training splits in train styles, the eval split in held-out ones
+               mixed_share:float=0.5,   # 'mixed': the share of training tasks that keep the template wording
                ) -> dict[str, list[Task]]:
     "Tasks for every split in `sizes`, deterministic in `seed`; targets drawn from each split's clusters."
     if wording not in WORDINGS: raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
@@ -341,6 +343,8 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         p = catalog.product(r)
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
+        if t and wording == 'mixed' and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
+            t = reword_mixed(t, p, seed)
         if t:
             out[s].append(t)
             bar.update()
@@ -539,3 +543,114 @@ def freeze_human(run_dir, langs=HUMAN_LANGS, out_dir=None) -> dict:
             raise ValueError(f"requests written by hand leave out facts: {bad}")
         return ts
     return _freeze(run_dir, langs, out_dir, 'human', asked)
+
+# %% ../nbs/01_tasks.ipynb #2b73e8cf
+_SPELLINGS = ((r'colour', 'color'), (r'odour', 'odor'), (r'(?<=[a-z])is(ing|e)\b', r'iz\1'), (r'aluminium', 'aluminum'))
+_UNIT_FORMS = ((r'^(\d[\d.]*) l$', (r'\1l', r'\1 litres')), (r'^(\d[\d.]*) ml$', (r'\1ml',)), (r'^(\d[\d.]*) (cm|mm)$', (r'\1\2',)),
+               (r'^(\d[\d.]*) m$', (r'\1m',)), (r'^(\d[\d.]*) w$', (r'\1 watts', r'\1w')), (r'^(\d[\d.]*) mah$', (r'\1mah', r'\1 mAh')),
+               (r'^(\d[\d.]*) g$', (r'\1g', r'\1 grams')), (r'^(\d+) pieces$', (r'\1 pcs', r'\1-piece')),
+               (r'^(\d+) person$', (r'\1-person', r'for \1 people')), (r'^(\d+) colours$', (r'\1 colors',)))
+
+def spelling_variants(x:str) -> list[str]:
+    "Other ways to type catalog word `x`: hyphens as spaces or joined, American spelling, units written close or in full."
+    out = [x.replace('-', ' '), x.replace('-', '')] if '-' in x else []
+    for a, b in _SPELLINGS:
+        if re.search(a, x): out.append(re.sub(a, b, x))
+    for a, bs in _UNIT_FORMS:
+        if re.match(a, x): out += [re.sub(a, b, x) for b in bs]
+    if re.fullmatch(r'\d{4,}(?: \w+)?', x): out.append(re.sub(r'^(\d+)', lambda m: f'{int(m.group(1)):,}', x))
+    return list(dict.fromkeys(v for v in out if v != x))
+
+# %% ../nbs/01_tasks.ipynb #346361f7
+@functools.lru_cache(maxsize=4)
+def _read_words(path:str|None) -> dict:
+    "The word tables of a words file; the packaged `wording_words.json` when `path` is None."
+    from importlib import resources
+    where = Path(path) if path else resources.files('shopping_grpo')/'data'/'wording_words.json'
+    return json.loads(where.read_text('utf-8'))
+
+WORDS_KEYS = ('open', 'budget', 'context')  # the tables of phrases that widen a training style's own
+
+def wording_words(lang:str='en', path=None) -> dict|None:
+    "The word tables of `lang` (other words for features, colours and option values; budgets, openings, context), or None."
+    words = _read_words(str(path) if path else None).get(lang)
+    if words is None: return None
+    held = {x for s in wording_styles(lang, 'heldout') for k in WORDS_KEYS for x in s[k]}
+    if shared := held & {x for k in WORDS_KEYS for x in words[k]}:
+        raise ValueError(f"the word tables share phrases with held-out styles: {sorted(shared)[:3]}")
+    return words
+
+def alternatives(words:dict, axis:str|None, value:str) -> list[str]:
+    "Every other wording of feature `value` (`axis` None) or of option `value` on `axis`: the table's, its patterns' and its spellings."
+    table = words['features'] if axis is None else words['colours'] if axis == 'colour' else words['options'].get(axis, {})
+    rules = words['patterns']['features'] if axis is None else words['patterns']['options'].get(axis, [])
+    ruled = [re.sub(a, b, value) for a, b in rules if re.search(a, value)]  # 'adjustable strap' -> 'strap that adjusts'
+    return list(dict.fromkeys(x for x in [*table.get(value, []), *ruled, *spelling_variants(value)] if x != value))
+
+# %% ../nbs/01_tasks.ipynb #28519283
+def ambiguous_alternatives(words:dict) -> list[tuple]:
+    "(sub-category, value, its alternative, other value) wherever an alternative also names another feature or option value of the same sub-category."
+    bad = []
+    for sc in subcategories():
+        vals = [(None, f['en']) for f in sc.features] + [(a['name']['en'], v['en']) for a in sc.axes for v in a['values']]
+        for axis, v in vals:
+            for alt in alternatives(words, axis, v):
+                bad += [(sc.id, v, alt, w) for ax, w in vals if w != v and (ax is None or ax == axis or axis is None)
+                        and not names_any(v, [w]) and not names_any(w, [v])
+                        and (names_any(alt, [w, *alternatives(words, ax, w)]) or names_any(w, [alt]))]
+    return bad
+
+# %% ../nbs/01_tasks.ipynb #734d2816
+def mixed_words(f:TaskFacts, p:dict, words:dict) -> dict:
+    "The words `request_problems` accepts for the facts of `f` on product `p`: catalog words, their alternatives, and the styles' needs."
+    needs = {k: v for s in wording_styles('en') for k, v in s['needs_table'].items()}
+    return dict(categories={f.category: [p['category_name']]},
+                features={k: [*alternatives(words, None, k), *needs.get(k, [])] for k in f.features},
+                options={v: alternatives(words, k, v) for k, v in f.options.items()})
+
+def _swap_words(p:dict, f:TaskFacts, words:dict, rng:random.Random) -> dict:
+    "Product `p` as the request will name it: some of the task's option values in other words."
+    share, swap = words['p_word_swap'], lambda xs: rng.choice(xs) if xs and rng.random() < share else None
+    axes = [dict(a, values=[(swap(alternatives(words, a['key'], k)) or x) if f.options.get(a['key']) == k else x
+                            for k, x in zip(a['value_keys'], a['values'])]) for a in p['axes'] or []]
+    return dict(p, axes=axes)
+
+def _noise(text:str, words:dict, rng:random.Random) -> str:
+    "`text` with its articles dropped and in lower case, each some of the time."
+    if rng.random() < words['p_drop_articles']: text = re.sub(r'(?i)\b(?:a|an|the) (?=[a-z])', '', text)
+    if rng.random() < words['p_lower']: text = text.lower()
+    return text
+
+def mixed_problems(t:Task, p:dict, words:dict) -> list[str]:
+    "The facts of task `t` (target `p`) its request does not state, reading the model and budget as styles write them ('BT407', 'fifty', 'pairs,87')."
+    f, x = t.facts, t.instruction
+    if f.model:
+        for form in ('nodash', 'space'):
+            x = re.sub(rf'(?i)(?<![a-z0-9-]){re.escape(write_name(f.model, form))}(?![a-z0-9-])', f.model, x)
+    if f.budget is not None and (w := number_words(int(f.budget), t.lang)):
+        x = re.sub(rf'(?i)(?<![a-z-]){re.escape(w)}(?![a-z-])', f'{f.budget:g}', x)
+    x = re.sub(r'(?<=[a-z]),(?=\d)', ', ', x)  # 'pairs,87': a separator without its space
+    return request_problems(replace(t, instruction=x), mixed_words(f, p, words))
+
+# %% ../nbs/01_tasks.ipynb #8dfe24e3
+def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, words:dict) -> str:
+    "A request in `style` widened by the word tables `words`: other words for facts, more budgets, openings and context, noise."
+    needs = {k: [*style['needs_table'].get(k, []), *alternatives(words, None, k)] for k in f.features}  # a feature said alone, in other words
+    wide = dict(style, open=style['open'] + words['open'], budget=style['budget'] + words['budget'],
+                context=style['context'] + words['context'], p_context=max(style['p_context'], words['p_context']),
+                needs_table={**style['needs_table'], **needs}, needs=max(style['needs'], words['p_word_swap']))
+    text = word_varied(f, _swap_words(p, f, words, rng), lang, rng, wide)
+    noisy = _noise(text, words, rng)
+    return noisy if not mixed_problems(Task('', '', lang, noisy, f), p, words) else text  # noise never hides a fact
+
+def reword_mixed(t:Task, p:dict, seed:int) -> Task:
+    "Task `t` in a training style widened by the word tables of its language (a training style alone where none exist)."
+    words = wording_words(t.lang)
+    if words is None: return reword(t, p, seed, 'train')
+    rng = wording_rng(seed, t.task_id, t.lang)
+    style = rng.choice(wording_styles(t.lang, 'train'))
+    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words), wording=style['id'] + '+words')
+
+def mixed_is_template(seed:int, task_id:str, lang:str, share:float) -> bool:
+    "Whether a training task of the `mixed` wording keeps the template wording: a draw of its own stream, true with probability `share`."
+    return random.Random(f'mixed:{seed}:{lang}:{task_id}').random() < share
