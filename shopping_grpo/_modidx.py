@@ -1212,6 +1212,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.tasks.reword_mixed': ('tasks.html#reword_mixed', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.reword_tasks': ('tasks.html#reword_tasks', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.satisfies': ('tasks.html#satisfies', 'shopping_grpo/tasks.py'),
+                                     'shopping_grpo.tasks.slot_words': ('tasks.html#slot_words', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.spelling_variants': ('tasks.html#spelling_variants', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.split_of_cluster': ('tasks.html#split_of_cluster', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.stated_amounts': ('tasks.html#stated_amounts', 'shopping_grpo/tasks.py'),

@@ -18,7 +18,8 @@ __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT
            'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
            'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'human_words', 'request_problems',
            'request_frame', 'wording_variety', 'freeze_human', 'spelling_variants', 'wording_words', 'alternatives',
-           'ambiguous_alternatives', 'mixed_words', 'mixed_problems', 'word_mixed', 'reword_mixed', 'mixed_is_template']
+           'ambiguous_alternatives', 'mixed_words', 'slot_words', 'mixed_problems', 'word_mixed', 'reword_mixed',
+           'mixed_is_template']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -608,10 +609,14 @@ def mixed_words(f:TaskFacts, p:dict, words:dict) -> dict:
                 features={k: [*alternatives(words, None, k), *needs.get(k, [])] for k in f.features},
                 options={v: alternatives(words, k, v) for k, v in f.options.items()})
 
+def slot_words(xs:list[str]) -> list[str]:
+    "The wordings of an option value that fit a style's slot ('in {x}', 'the {x} one'): none with its own article or noun."
+    return [x for x in xs if not re.match(r'(?i)(?:a|an|the) ', x) and not re.search(r'(?i) (?:one|version|option)$', x)]
+
 def _swap_words(p:dict, f:TaskFacts, words:dict, rng:random.Random) -> dict:
     "Product `p` as the request will name it: some of the task's option values in other words."
     share, swap = words['p_word_swap'], lambda xs: rng.choice(xs) if xs and rng.random() < share else None
-    axes = [dict(a, values=[(swap(alternatives(words, a['key'], k)) or x) if f.options.get(a['key']) == k else x
+    axes = [dict(a, values=[(swap(slot_words(alternatives(words, a['key'], k))) or x) if f.options.get(a['key']) == k else x
                             for k, x in zip(a['value_keys'], a['values'])]) for a in p['axes'] or []]
     return dict(p, axes=axes)
 
