@@ -6,6 +6,7 @@
 from __future__ import annotations
 import errno, json, logging, math, random, shutil, time, warnings
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from fastcore.basics import patch
@@ -20,8 +21,8 @@ __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', '
            'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout', 'step_figures',
            'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
            'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
-           'load_policy_model', 'shop_grpo_trainer', 'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary',
-           'median', 'time_share', 'metrics_chart', 'time_chart']
+           'load_policy_model', 'attention_as', 'packed_token_logps', 'shop_grpo_trainer', 'drop_none_reward_warning',
+           'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart', 'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -73,6 +74,9 @@ class GRPORecipe:
     # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
     batch_multiple:int = 16
     gradient_checkpointing:bool = False
+    # a micro-batch's episodes end to end in one row, positions restarting and attention kept within each
+    # (`packed_token_logps`): no padding, one forward pass a micro-batch
+    pack_episodes:bool = False
     # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
     credit:str = 'episode'
     # the reward trained on (02_reward's training_reward): 'v3' Reward v3, 'v3_strict' only gold beats a graceful stop
@@ -80,6 +84,9 @@ class GRPORecipe:
     seed:int = 0
     def __post_init__(self):
         known_reward(self.reward)
+        if self.pack_episodes and self.gradient_checkpointing:
+            raise ValueError('pack_episodes with gradient_checkpointing: the recomputed forward pass would attend across '
+                             'the episodes of a packed row; turn one of them off')
         if self.reward != 'v3' and self.credit != 'episode':
             raise ValueError(f"reward {self.reward!r} needs credit='episode': the step-credit variants "
                              "(06c_step_credit) compute their advantages from the records' Reward v3")
@@ -87,7 +94,7 @@ class GRPORecipe:
     def grad_accum(self) -> int: return self.group_size * self.groups // self.micro_batch
 
 PROFILES = dict(smoke=dict(group_size=2, groups=2, micro_batch=2, max_steps=2, max_turns=3, max_new_tokens=24,
-                           extra_groups=1, merged_decode=True,
+                           extra_groups=1, merged_decode=True, pack_episodes=True,
                            val_every=1, n_val=2),
                 # the reference run: one episode a micro-batch (padded micro-batches gave NaN gradients, 05_sft), every grpo_val task
                 gpu=dict(decoder='continuous', merged_decode=True, micro_batch=1, n_val=100))
@@ -554,16 +561,63 @@ def load_policy_model(path:str):
     m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
     return m.to('cuda') if cuda else m
 
+# %% ../nbs/06_grpo.ipynb #5c203e1f
+@contextmanager
+def attention_as(model, name:str):
+    "Inside the block, `model` (a peft model's base model) computes attention with the implementation `name`."
+    base = model.get_base_model() if hasattr(model, 'get_base_model') else model
+    before = base.config._attn_implementation
+    base.set_attn_implementation(name)
+    try: yield model
+    finally: base.set_attn_implementation(before)
+
+def packed_token_logps(model, input_ids, attention_mask, logits_to_keep:int, entropy:bool=False):
+    """TRL's per-token log-probabilities (and entropies) of each row's last `logits_to_keep` tokens (rows × that, 0 at
+    padding), from one forward pass over the rows' unpadded tokens end to end. `model` has TRL's fused LM head."""
+    import torch
+    from shopping_grpo.sft import register_conversation_attention
+    keep = attention_mask.bool()
+    n, first = keep.sum(1), keep.int().argmax(1)
+    last = keep.shape[1] - 1 - keep.flip(1).int().argmax(1)
+    if bool(((last - first + 1) != n).any() | (n == 0).any()):
+        raise ValueError("packed episodes need each row's tokens in one unbroken run (a left-padded prompt, a "
+                         "right-padded completion), at least one a row")
+    row, col = keep.nonzero(as_tuple=True)                    # row-major: the rows end to end
+    ids = input_ids[row, col]
+    pos = torch.arange(len(ids), device=ids.device) - (torch.cumsum(n, 0) - n).repeat_interleave(n)
+    first_scored = keep.shape[1] - logits_to_keep
+    scored = (row[1:] == row[:-1]) & (col[1:] >= first_scored)  # the next token is the same row's, and scored
+    shift_labels = torch.full_like(ids, -100)
+    shift_labels[:-1] = torch.where(scored, ids[1:], -100)
+    with attention_as(model, register_conversation_attention()):
+        out = model(input_ids=ids[None], position_ids=pos[None], shift_labels=shift_labels[None], fused_lm_head=True)
+    def unpacked(x):
+        return x.new_zeros(keep.shape[0], logits_to_keep).index_put((row[1:][scored], col[1:][scored] - first_scored),
+                                                                   x[0, :-1][scored])
+    return unpacked(out.log_probs), unpacked(out.entropy) if entropy else None
+
 # %% ../nbs/06_grpo.ipynb #f7ddd5af
 def shop_grpo_trainer():
-    "TRL's GRPOTrainer with one hook: `advantage_fn(output, episodes)` may replace the advantages (shape B or B×T)."
+    """TRL's GRPOTrainer with two hooks: `advantage_fn(output, episodes)` may replace the advantages (shape B or B×T),
+    and `pack_episodes` computes a micro-batch's log-probabilities from one packed row (`packed_token_logps`)."""
+    import torch
     from trl import GRPOTrainer
     class ShopGRPOTrainer(GRPOTrainer):
-        advantage_fn = None
+        advantage_fn, pack_episodes = None, False
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             if self.advantage_fn is not None: out['advantages'] = self.advantage_fn(out, self.rollout_func.episodes)
             return out
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                               compute_entropy=False, compute_aux_loss=False, **media):
+            if not self.pack_episodes or compute_aux_loss or any(v is not None for v in media.values()):
+                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                  batch_size, compute_entropy, compute_aux_loss, **media)
+            rows = batch_size or input_ids.size(0)
+            with self.accelerator.autocast():
+                parts = [packed_token_logps(model, input_ids[a:a + rows], attention_mask[a:a + rows], logits_to_keep,
+                                            compute_entropy) for a in range(0, input_ids.size(0), rows)]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if compute_entropy else None, None
     return ShopGRPOTrainer
 
 # %% ../nbs/06_grpo.ipynb #a02e8a90
@@ -574,7 +628,7 @@ def drop_none_reward_warning(record) -> bool:
 # %% ../nbs/06_grpo.ipynb #3be5ec47
 # a resumed run may change these
 UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
-            'gradient_checkpointing')
+            'gradient_checkpointing', 'pack_episodes')
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
                callbacks=(), advantage_fn=None, progress:bool=False) -> dict:
@@ -608,7 +662,7 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
                                       peft_config=lora, rollout_func=rollout,
                                       callbacks=[grpo_monitor(run), *callbacks])
     if advantage_fn is None: advantage_fn = credit_advantages(c.credit)
-    trainer.advantage_fn = advantage_fn
+    trainer.advantage_fn, trainer.pack_episodes = advantage_fn, c.pack_episodes
     if hasattr(advantage_fn, 'bind'): advantage_fn.bind(trainer)
     if not progress: trainer.remove_callback(transformers.PrinterCallback)  # metrics.jsonl has the step logs
     try:
