@@ -42,6 +42,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.stage_key': ('cli.html#stage_key', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_keys': ('cli.html#stage_keys', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_parameters': ('cli.html#stage_parameters', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.thread_env': ('cli.html#thread_env', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.unpack_run': ('cli.html#unpack_run', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.unpack_run_command': ('cli.html#unpack_run_command', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.verl_requirements': ('cli.html#verl_requirements', 'shopping_grpo/cli.py')},

@@ -15,14 +15,15 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
           '07_evaluate', '08_judge', '09_report']
 
 # %% auto #0
-__all__ = ['app', 'ROOT', 'STAGES', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS', 'PUBLISH_MAX_MB',
-           'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS',
-           'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters', 'source_notebook', 'code_digest',
-           'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys', 'pipeline', 'carried_files',
-           'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files',
-           'publish_run', 'restore_adapter', 'publish_run_command', 'serve_model', 'requirement_name', 'read_pins',
-           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
+__all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS',
+           'PUBLISH_MAX_MB', 'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
+           'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters',
+           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys',
+           'thread_env', 'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
+           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command',
+           'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'verl_requirements',
+           'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
+           'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -90,10 +91,11 @@ def machine_name() -> str:
         if r.returncode == 0 and r.stdout.strip(): return r.stdout.splitlines()[0].strip()
     return f'cpu ({os.cpu_count()} cores)'
 
-def record_stage(run_dir:Path, stage:str, key:str, seconds:float):
-    "Record that `stage` finished with `key` (atomic rewrite of the ledger)."
+def record_stage(run_dir:Path, stage:str, key:str, seconds:float, cpu_threads:int=0):
+    "Record that `stage` finished with `key` (atomic rewrite of the ledger); `cpu_threads` when its kernel was capped."
     from shopping_grpo.records import write_atomic
     done = dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'), machine=machine_name())
+    if cpu_threads: done['cpu_threads'] = cpu_threads  # its seconds were measured on a share of the host's CPUs
     led = read_ledger(run_dir) | {stage: done}
     write_atomic(run_dir/'pipeline.json', json.dumps(led, indent=1))
 
@@ -107,15 +109,29 @@ def stage_keys(names:list[str], profile:dict) -> dict:
         keys[st] = before = stage_key(nb, stage_parameters(nb, profile), before, code_digest(st))
     return {st: keys[st] for st in names}
 
+# %% ../nbs/99_cli.ipynb #3be368d2
+# the thread pools a stage kernel starts, by the variable each library reads when it starts
+THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'RAYON_NUM_THREADS', 'POLARS_MAX_THREADS')
+
+def thread_env(cpu_threads:int, env:dict|None=None) -> dict:
+    "`env` (this process's by default) with every thread pool of `THREAD_VARS` capped at `cpu_threads`; 0 leaves it as it is."
+    import os
+    if not isinstance(cpu_threads, int) or cpu_threads < 0:
+        raise ValueError(f"cpu_threads must be a whole number of threads, 0 for the machine's own; got {cpu_threads!r}")
+    env = dict(os.environ if env is None else env)
+    return env | {v: str(cpu_threads) for v in THREAD_VARS} if cpu_threads else env
+
 # %% ../nbs/99_cli.ipynb #383e49ed
 @app.command()
 def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (smoke, h200, paper) or a YAML path'),
              run:str=typer.Option('outputs/smoke', help='run folder for notebooks and artifacts'),
              stages:str=typer.Option(','.join(STAGES), help='comma-separated stage notebooks to run, in order'),
-             force:bool=typer.Option(False, help='rerun every stage even when its key is unchanged')):
+             force:bool=typer.Option(False, help='rerun every stage even when its key is unchanged'),
+             cpu_threads:int=typer.Option(0, min=0, help="cap each stage kernel's CPU thread pools at this many (a share of "
+                                          "the host when pipelines run side by side); 0: the machine's own")):
     "Run the stage notebooks on a profile with papermill, executed copies in <run>/notebooks/; unchanged stages skip."
-    import papermill as pm
-    prof, run_dir = load_profile(profile), Path(run).resolve()
+    import os, papermill as pm
+    prof, run_dir, env = load_profile(profile), Path(run).resolve(), thread_env(cpu_threads)
     (run_dir/'notebooks').mkdir(parents=True, exist_ok=True)
     names, t_all = stages.split(','), time.time()
     if bad := [st for st in names if not (ROOT/'nbs'/f'{st}.ipynb').exists()]:
@@ -132,9 +148,10 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
             typer.echo(f'[{i}/{len(names)} {st}] changed since {done["finished_at"]} (its notebook, parameters or code, '
                        'or an earlier stage\'s): run again', err=True)
         typer.echo(f'[{i}/{len(names)} {st}] {json.dumps(params)}', err=True)
+        os.environ.update(env)  # the kernel papermill starts inherits this process's environment
         pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(ROOT/'nbs'), progress_bar=True,
                             kernel_name='python3')
-        record_stage(run_dir, st, keys[st], time.time() - t0)
+        record_stage(run_dir, st, keys[st], time.time() - t0, cpu_threads)
         typer.echo(f'[{i}/{len(names)} {st}] done in {time.time() - t0:.0f}s', err=True)
     report = run_dir/'report'/'index.html'
     typer.echo(f'pipeline done in {(time.time() - t_all) / 60:.1f} min; executed notebooks: {run_dir/"notebooks"}; '

@@ -28,3 +28,29 @@ def test_rerun_skips_unchanged_stages_and_reruns_after_a_change(tmp_path):
 def test_unknown_stage_is_refused_before_anything_runs(tmp_path):
     r = subprocess.run(CLI + ['pipeline', '--run', str(tmp_path/'run'), '--stages', '00_env,nope'], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode != 0 and 'no stage notebook' in r.stderr and not (tmp_path/'run'/'pipeline.json').exists()
+
+
+def test_cpu_threads_cap_the_stage_kernels_and_the_ledger_says_so(tmp_path):
+    prof = tmp_path/'tiny.yaml'; run = tmp_path/'run'
+    prof.write_text("n_products: 1500\nseed: 0\nlang: en\n")
+    r = subprocess.run(CLI + ['pipeline', '--profile', str(prof), '--run', str(run), '--stages', '00_env', '--cpu-threads', '1'],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((run/'pipeline.json').read_text())['00_env']['cpu_threads'] == 1
+    bad = subprocess.run(CLI + ['pipeline', '--run', str(tmp_path/'bad'), '--stages', '00_env', '--cpu-threads', '-2'],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode != 0 and '--cpu-threads' in bad.stderr and not (tmp_path/'bad'/'pipeline.json').exists()
+
+
+def test_a_kernel_papermill_starts_inherits_the_capped_thread_pools(tmp_path):
+    "What `pipeline --cpu-threads` relies on: the stage kernel reads the caps from the environment it is started with."
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os, torch\nprint('threads', torch.get_num_threads(), os.environ['POLARS_MAX_THREADS'])")])
+    nbformat.write(nb, tmp_path/'probe.ipynb')
+    code = ("import os, papermill as pm\nfrom shopping_grpo.cli import thread_env\nos.environ.update(thread_env(1))\n"
+            f"pm.execute_notebook({str(tmp_path/'probe.ipynb')!r}, {str(tmp_path/'out.ipynb')!r}, kernel_name='python3', progress_bar=False)")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = nbformat.read(tmp_path/'out.ipynb', 4).cells[0].outputs[0]['text']
+    assert out.strip() == 'threads 1 1', out
