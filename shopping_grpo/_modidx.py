@@ -631,6 +631,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                     'shopping_grpo/local_endpoint.py'),
                                               'shopping_grpo.local_endpoint.SchemaDecoder._decide': ( 'local_endpoint.html#schemadecoder._decide',
                                                                                                       'shopping_grpo/local_endpoint.py'),
+                                              'shopping_grpo.local_endpoint.SchemaDecoder._forced': ( 'local_endpoint.html#schemadecoder._forced',
+                                                                                                      'shopping_grpo/local_endpoint.py'),
                                               'shopping_grpo.local_endpoint.SchemaDecoder.answer': ( 'local_endpoint.html#schemadecoder.answer',
                                                                                                      'shopping_grpo/local_endpoint.py'),
                                               'shopping_grpo.local_endpoint.SchemaDecoder.first_ids': ( 'local_endpoint.html#schemadecoder.first_ids',

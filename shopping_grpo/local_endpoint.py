@@ -94,12 +94,13 @@ class _Job:
 class SchemaDecoder:
     """Greedy answers that follow a JSON schema, for many requests at once: code writes the structure, the model
     chooses among the allowed options token by token and writes the free strings; one `SlotDecoder` row a request."""
-    def __init__(self, decoder, max_free_tokens:int=64, max_any_tokens:int=512):
+    def __init__(self, decoder, max_free_tokens:int=64, max_any_tokens:int=512,
+                 force_choices:bool=True):  # False: a pass for every token of a choice, even one its options leave no room in
         self.dec, self.tok = decoder, decoder.tok
-        self.max_free_tokens, self.max_any_tokens = max_free_tokens, max_any_tokens
+        self.max_free_tokens, self.max_any_tokens, self.force_choices = max_free_tokens, max_any_tokens, force_choices
         inside, closing = _string_tokens(self.tok)
         self.closing, self.string_ids, self._options = set(closing), inside + closing, {}
-        self.calls, self.prompt_tokens, self.answer_tokens = 0, 0, 0
+        self.calls, self.prompt_tokens, self.answer_tokens, self.forced_tokens = 0, 0, 0, 0
     def ids(self, text:str) -> list[int]: return self.tok.encode(text, add_special_tokens=False)
     def option_ids(self, options:list[str]) -> list[tuple[int, list[int]]]:
         "Each option's index and ids (tokenized once), checked to be prefix-free (no greedy walk could end in two)."
@@ -138,9 +139,26 @@ def _advance(self:SchemaDecoder, job:_Job, send=None):
         job.step = step
         if step[0] == 'choose':
             job.options, job.depth = self.option_ids(step[1]), 0
+            if (k := self._forced(job)) is not None:  # the options alone made the choice: no pass
+                job.out.append(step[1][k])
+                send = k
+                continue
         elif step[0] == 'probe': job.options = self.first_ids(step[1])
         else: job.free = []
         return step
+
+@patch
+def _forced(self:SchemaDecoder, job:_Job) -> int|None:
+    """Append the next tokens all of `job`'s remaining options agree on (with `force_choices`); the chosen option's
+    index once one is written whole, else None (the model decides the next token)."""
+    while True:
+        done = [k for k, o in job.options if len(o) == job.depth]  # prefix-free: a finished option is the only one left
+        if done: return done[0]
+        nxt = {o[job.depth] for _, o in job.options}
+        if len(nxt) > 1 or not self.force_choices: return None
+        job.pending.append(nxt.pop())
+        job.depth += 1
+        self.forced_tokens += 1
 
 # %% ../nbs/08a_local_endpoint.ipynb #bff8f531
 @patch
@@ -155,9 +173,7 @@ def _decide(self:SchemaDecoder, job:_Job, allowed_best:int):
         job.options = [(k, o) for k, o in job.options if o[job.depth] == allowed_best]
         job.depth += 1
         job.pending.append(allowed_best)
-        done = [k for k, o in job.options if len(o) == job.depth]
-        if not done: return job.step
-        k = done[0]
+        if (k := self._forced(job)) is None: return job.step
         job.out.append(job.step[1][k])
         return self._advance(job, k)
     stop = allowed_best == self.dec.end_id if kind == 'any' else allowed_best in self.closing
