@@ -70,22 +70,17 @@ def main():
     opener = lambda p: gzip.open(p, 'rt') if p.suffix == '.gz' else open(p)
     models, judge = {}, None
     for jf in sorted(eval_dir.glob('*/judgments.jsonl*')):
-        trajs = {}
-        for line in opener(next(jf.parent.glob('trajectories.jsonl*'))):
-            r = json.loads(line)
-            trajs[r['task_id']] = [e['id'] for e in r['events']]
-        models[jf.parent.name] = (jf, trajs)
-        for line in opener(jf):
-            r = json.loads(line)
-            if r.get('status') == 'judged': judge = judge or r['judge']['model']
+        trajs = {r['task_id']: [e['id'] for e in r['events']]
+                 for r in map(json.loads, opener(next(jf.parent.glob('trajectories.jsonl*'))))}
+        judged = [r for r in map(json.loads, opener(jf)) if r.get('status') == 'judged']
+        models[jf.parent.name] = (judged, trajs)
+        judge = judge or next((r['judge']['model'] for r in judged), None)
     tok = load_tokenizer(a.tokenizer or judge)
     ids = lru_cache(None)(lambda s: tuple(tok.encode(s, add_special_tokens=False)))
     per, total = {}, Counter()
-    for name, (jf, trajs) in models.items():
+    for name, (judged, trajs) in models.items():
         c, n = Counter(), 0
-        for line in opener(jf):
-            r = json.loads(line)
-            if r.get('status') != 'judged': continue
+        for r in judged:
             j = r['judgment']
             rubric = SimpleNamespace(requirements=[SimpleNamespace(id=k) for k in j['requirements']])
             c += replay(json.dumps(j, ensure_ascii=False), judgment_schema(rubric, trajs[r['task_id']]), ids)

@@ -133,6 +133,7 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     import os, papermill as pm
     prof, run_dir, env = load_profile(profile), Path(run).resolve(), thread_env(cpu_threads)
     (run_dir/'notebooks').mkdir(parents=True, exist_ok=True)
+    os.environ.update(env)  # every kernel papermill starts inherits this process's environment
     names, t_all = stages.split(','), time.time()
     if bad := [st for st in names if not (ROOT/'nbs'/f'{st}.ipynb').exists()]:
         raise typer.BadParameter(f"no stage notebook {bad}; stages: {', '.join(STAGES)}")
@@ -148,7 +149,6 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
             typer.echo(f'[{i}/{len(names)} {st}] changed since {done["finished_at"]} (its notebook, parameters or code, '
                        'or an earlier stage\'s): run again', err=True)
         typer.echo(f'[{i}/{len(names)} {st}] {json.dumps(params)}', err=True)
-        os.environ.update(env)  # the kernel papermill starts inherits this process's environment
         pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(ROOT/'nbs'), progress_bar=True,
                             kernel_name='python3')
         record_stage(run_dir, st, keys[st], time.time() - t0, cpu_threads)
