@@ -4,7 +4,10 @@ remaining options still differ (`force_choices=True`). Every judged trajectory o
 is replayed through `walk` with the judge model's tokenizer: code's text costs no pass; a choice costs a pass per
 token of the option chosen, or per token at which the options it could still be differ; a free string a pass per
 token and one to close it. No model runs, so the counts are exact for the recorded answers and the tokenizer; the
-passes of a batch of rows are what a judging run waits on, one decoder step each.
+passes of a batch of rows are what a judging run waits on, one decoder step each. The same answers without their
+requirements' verdicts are replayed through the schema of the scores-only call (`judgment_schema(..., verdicts=False)`),
+which is all the whole-trajectory call asks for when the evidence judge gives the verdicts: its passes, had the judge
+written the same scores, category and summary.
 
     python benchmarks/bench_schema_passes.py --run outputs/reference/h200 --out benchmarks/results/schema_passes_h200.json
 """
@@ -77,23 +80,29 @@ def main():
         judge = judge or next((r['judge']['model'] for r in judged), None)
     tok = load_tokenizer(a.tokenizer or judge)
     ids = lru_cache(None)(lambda s: tuple(tok.encode(s, add_special_tokens=False)))
-    per, total = {}, Counter()
+    per, total, scores_total = {}, Counter(), Counter()
     for name, (judged, trajs) in models.items():
-        c, n = Counter(), 0
+        c, s, n = Counter(), Counter(), 0
         for r in judged:
             j = r['judgment']
             rubric = SimpleNamespace(requirements=[SimpleNamespace(id=k) for k in j['requirements']])
             c += replay(json.dumps(j, ensure_ascii=False), judgment_schema(rubric, trajs[r['task_id']]), ids)
+            scores_only = {k: v for k, v in j.items() if k != 'requirements'}
+            s += replay(json.dumps(scores_only, ensure_ascii=False), judgment_schema(rubric, trajs[r['task_id']], verdicts=False), ids)
             n += 1
         every, forced = sum(v for k, v in c.items() if k.endswith(':every')), sum(v for k, v in c.items() if k.endswith(':forced'))
-        per[name] = dict(answers=n, passes_every_token=every, passes_forced=forced, ratio=round(every / max(forced, 1), 3))
+        per[name] = dict(answers=n, passes_every_token=every, passes_forced=forced, ratio=round(every / max(forced, 1), 3),
+                         passes_scores_only=sum(v for k, v in s.items() if k.endswith(':forced')))
         total += c
+        scores_total += s
         print(name, json.dumps(per[name]), file=sys.stderr)
     parts = sorted({k.split(':')[0] for k in total})
     every, forced = sum(total[f'{p}:every'] for p in parts), sum(total[f'{p}:forced'] for p in parts)
     out = dict(run=a.run, judge=judge, tokenizer=a.tokenizer or judge, answers=sum(m['answers'] for m in per.values()),
                passes_every_token=every, passes_forced=forced, ratio=round(every / max(forced, 1), 3),
                by_part={p: dict(every_token=total[f'{p}:every'], forced=total[f'{p}:forced']) for p in parts},
+               scores_only=dict(passes_forced=(so := sum(v for k, v in scores_total.items() if k.endswith(':forced'))),
+                                ratio_to_forced=round(forced / max(so, 1), 3), ratio_to_every_token=round(every / max(so, 1), 3)),
                models=per, seconds=round(time.time() - t0, 1))
     print(json.dumps({k: v for k, v in out.items() if k != 'models'}, indent=1))
     if a.out: Path(a.out).write_text(json.dumps(out, indent=1) + '\n')

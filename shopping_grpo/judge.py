@@ -20,7 +20,8 @@ from .evaluate import summarize
 from .tools import approx_tokens
 
 # %% auto #0
-__all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'CUTS', 'FORBIDDEN',
+__all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_INTRO', 'VERDICT_RULES',
+           'SCORE_RULES', 'VERDICTS_EXAMPLE', 'ANSWER_EXAMPLE', 'JUDGE_PROMPT', 'SCORES_PROMPT', 'CUTS', 'FORBIDDEN',
            'VERDICTS', 'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'SOFT_COMPONENTS',
            'LISTED', 'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES', 'LEAK_KINDS', 'MAX_WRONG_PASS',
            'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'EVIDENCE_PROMPT', 'EXAMPLE_KINDS', 'UNCLEAR_CUTS',
@@ -465,44 +466,48 @@ ERRORS = {
  'other': 'another mistake'}
 
 # %% ../nbs/08_judge.ipynb #f59968a9
-JUDGE_PROMPT = (
+JUDGE_INTRO = (
     "You review one episode of a shopping agent in a simulated online shop. You get the shopper's request, a rubric of "
     "requirements, a few counts, and the episode as the agent saw it: its tool calls (ids a0001, a0002, ...) and what "
     "came back (ids e0001, e0002, ...). You are not told whether the agent succeeded; judge only from what the episode "
-    "shows.\n"
+    "shows.\n")
+VERDICT_RULES = (
     'For each rubric requirement, give a verdict about the product the agent finally bought (with the options it '
     'selected and the price shown for them): "met" when the pages show that it satisfies the requirement, "unmet" '
     'when the agent bought nothing or the pages show that the product fails it, "unclear" when the pages do not show '
-    'enough. Cite the ids of the events that show it (at least one; for "unclear", the last event that bears on it).\n'
+    'enough. Cite the ids of the events that show it (at least one; for "unclear", the last event that bears on it).\n')
+SCORE_RULES = (
     "Score each dimension 0 (poor), 1 (partly) or 2 (good):\n"
     "{scores}\n"
     "Choose the error category that best names the main mistake:\n"
     "{errors}\n"
-    "Answer with one JSON object and nothing else:\n"
-    '{{"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
-    '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, '
-    '"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}')
+    "Answer with one JSON object and nothing else:\n")
+VERDICTS_EXAMPLE = ('"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
+                    '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, ')
+ANSWER_EXAMPLE = '{{{verdicts}"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}'
+JUDGE_PROMPT = JUDGE_INTRO + VERDICT_RULES + SCORE_RULES + ANSWER_EXAMPLE.replace('{verdicts}', VERDICTS_EXAMPLE)
+SCORES_PROMPT = JUDGE_INTRO + SCORE_RULES + ANSWER_EXAMPLE.replace('{verdicts}', '')  # the requirements are judged elsewhere
 
-def judge_system_prompt() -> str:
-    "The judge's system prompt: JUDGE_PROMPT with the score dimensions and error categories filled in."
+def judge_system_prompt(verdicts:bool=True) -> str:
+    "The judge's system prompt, with the score dimensions and error categories filled in: JUDGE_PROMPT, or without verdicts SCORES_PROMPT."
     listing = lambda d: '\n'.join(f'- {k}: {v}' for k, v in d.items())
     score_keys = ', '.join(f'"{k}": 0' for k in SCORES)
-    return JUDGE_PROMPT.format(scores=listing(SCORES), errors=listing(ERRORS), score_keys=score_keys)
+    return (JUDGE_PROMPT if verdicts else SCORES_PROMPT).format(scores=listing(SCORES), errors=listing(ERRORS), score_keys=score_keys)
 
 # %% ../nbs/08_judge.ipynb #b0f3f7ec
 # (lines per page, characters of the agent's text), mildest first
 CUTS = ((None, 400), (30, 400), (15, 300), (8, 200), (4, 120), (2, 80), (1, 60))
 
-def judge_messages(rec:dict, rubric:Rubric, max_tokens:int=4500) -> list[dict]:
-    "The judge's conversation for one trajectory: the request, the rubric, the counts and the episode."
+def judge_messages(rec:dict, rubric:Rubric, max_tokens:int=4500, verdicts:bool=True) -> list[dict]:
+    "The judge's conversation for one trajectory: the request, the rubric, the counts and the episode (`verdicts`: asked for)."
     said = lambda r: f' (the request says: "{r.quote}")' if quoted(rec['instruction'], r.quote) else ''
     reqs = '\n'.join(f'{r.id} [{r.label}] {r.text}{said(r)}' for r in rubric.requirements)
     counts = json.dumps(visible_metrics(rec), ensure_ascii=False)
     head = f"Request: {rec['instruction']}\n\nRubric:\n{reqs}\n\nCounts: {counts}\n\nEpisode:\n"
     for lines, chars in CUTS:
         user = head + agent_view(rec, lines, chars)
-        if approx_tokens(judge_system_prompt() + user) <= max_tokens: break
-    return [dict(role='system', content=judge_system_prompt()), dict(role='user', content=user)]
+        if approx_tokens(judge_system_prompt(verdicts) + user) <= max_tokens: break
+    return [dict(role='system', content=judge_system_prompt(verdicts)), dict(role='user', content=user)]
 
 # %% ../nbs/08_judge.ipynb #c68b4f43
 FORBIDDEN = ('reward', 'reward_detail', 'strict_success', 'purchase_success', 'n_constraints', 'facts', 'target_asin',
@@ -538,16 +543,17 @@ class Scores(BaseModel):
 
 class Judgment(BaseModel):
     model_config = ConfigDict(extra='forbid')
-    requirements: dict[str, Verdict]
+    requirements: dict[str, Verdict] = {}  # empty when the call asked for the scores only
     scores: Scores
     error_category: Literal[tuple(ERRORS)]
     summary: str = Field(max_length=1000)
 
 # %% ../nbs/08_judge.ipynb #402112f2
-def check_judgment(text:str, rubric:Rubric, events:list[str]) -> Judgment:
-    "The judgment in an answer, or `JudgmentError` saying what is wrong with it."
+def check_judgment(text:str, rubric:Rubric, events:list[str], verdicts:bool=True) -> Judgment:
+    "The judgment in an answer, or `JudgmentError` saying what is wrong with it; without `verdicts` asked, any given are dropped."
     try: j = Judgment.model_validate(json_object(text))
     except ValueError as e: raise JudgmentError(_why(e)) from None
+    if not verdicts: return j.model_copy(update=dict(requirements={}))
     want, got = [r.id for r in rubric.requirements], list(j.requirements)
     if sorted(got) != sorted(want): raise JudgmentError(f"verdicts must cover exactly {want}, got {got}")
     if bad := sorted({x for v in j.requirements.values() for x in v.events} - set(events)):
@@ -557,39 +563,39 @@ def check_judgment(text:str, rubric:Rubric, events:list[str]) -> Judgment:
     return j
 
 # %% ../nbs/08_judge.ipynb #b0c8225d
-def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3) -> dict:
+def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3, verdicts:bool=True) -> dict:
     "The JSON schema of a judgment for this rubric and episode: ids enumerated, 1 to `max_cited` citations, text bounded."
     obj = lambda req, **props: dict(type='object', additionalProperties=False, required=req, properties=props)
     cited = dict(type='array', items=dict(type='string', enum=events), minItems=1, maxItems=max_cited)
     verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=list(VERDICTS)), events=cited)
     ids = [r.id for r in rubric.requirements]
-    return obj(['requirements', 'scores', 'error_category', 'summary'],
-               requirements=obj(ids, **{k: verdict for k in ids}),
+    asked = dict(requirements=obj(ids, **{k: verdict for k in ids})) if verdicts else {}
+    return obj([*asked, 'scores', 'error_category', 'summary'], **asked,
                scores=obj(list(SCORES), **{k: dict(type='integer', enum=[0, 1, 2]) for k in SCORES}),
                error_category=dict(type='string', enum=list(ERRORS)), summary=dict(type='string', maxLength=400))
 
 # %% ../nbs/08_judge.ipynb #7e553ae7
 JUDGMENT_VERSION = 1
 
-def prompt_sha256(rec:dict, rubric:Rubric, max_tokens:int=4500) -> str:
+def prompt_sha256(rec:dict, rubric:Rubric, max_tokens:int=4500, verdicts:bool=True) -> str:
     "The hash of the judge's conversation for `rec`: a stored judgment applies while it is unchanged."
-    return sha256_json(judge_messages(rec, rubric, max_tokens))
+    return sha256_json(judge_messages(rec, rubric, max_tokens, verdicts))
 
-def judge_record(rec:dict, rubric:Rubric, judge:Endpoint, max_tokens:int=4500) -> dict:
-    "One judgment record for trajectory `rec`: judged, or not_judged with the reason; `Unavailable` propagates."
+def judge_record(rec:dict, rubric:Rubric, judge:Endpoint, max_tokens:int=4500, verdicts:bool=True) -> dict:
+    "One judgment record for trajectory `rec` (`verdicts`: with the requirements' verdicts, else the scores only): judged, or not_judged with the reason; `Unavailable` propagates."
     import openai
-    msgs, ids, t0, answers, errors = judge_messages(rec, rubric, max_tokens), event_ids(rec), time.time(), [], []
+    msgs, ids, t0, answers, errors = judge_messages(rec, rubric, max_tokens, verdicts), event_ids(rec), time.time(), [], []
     def out(**kw) -> dict:
         return dict(version=JUDGMENT_VERSION, task_id=rec['task_id'], model=rec.get('model') or rec.get('policy'),
                     judge=judge.public(), rubric_sha256=rubric.sha256, prompt_sha256=sha256_json(msgs[:2]), **kw,
                     seconds=round(time.time() - t0, 2))
     for attempt in (1, 2):
-        try: text = judge.chat(msgs, judgment_schema(rubric, ids), 'judgment')
+        try: text = judge.chat(msgs, judgment_schema(rubric, ids, verdicts=verdicts), 'judgment')
         except (openai.BadRequestError, ValueError) as e:  # refused: by a server, or a local endpoint (too long)
             return out(status='not_judged', reason=f'request refused: {str(e)[:300]}', attempts=attempt,
                        answers=answers)
         answers.append(text[:2000])
-        try: j = check_judgment(text, rubric, ids)
+        try: j = check_judgment(text, rubric, ids, verdicts)
         except JudgmentError as e:
             errors.append(str(e))
             msgs = _rejected(msgs, text, e)
@@ -599,11 +605,13 @@ def judge_record(rec:dict, rubric:Rubric, judge:Endpoint, max_tokens:int=4500) -
                answers=answers)
 
 # %% ../nbs/08_judge.ipynb #30ef4c5d
-def current_judgments(model_dir, recs:dict, rubrics:dict[str, Rubric], max_tokens:int=4500) -> dict[str, dict]:
-    "Stored judgments that still apply (same prompt hash as now), by task id; the latest line wins."
+def current_judgments(model_dir, recs:dict, rubrics:dict[str, Rubric], max_tokens:int=4500, verdicts:bool=True) -> dict[str, dict]:
+    """Stored judgments that still apply (same prompt hash as now), by task id; the latest line wins. Without
+    `verdicts`, a judgment asked for the scores only applies, and so does one asked for everything (it holds them too)."""
+    asked = (True,) if verdicts else (False, True)
     def applies(k:str, j:dict) -> bool:
         if not (k in recs and k in rubrics and has_agent_view(recs[k])): return False
-        return j.get('prompt_sha256') == prompt_sha256(recs[k], rubrics[k], max_tokens)
+        return j.get('prompt_sha256') in {prompt_sha256(recs[k], rubrics[k], max_tokens, v) for v in asked}
     return {k: j for k, j in read_records(Path(model_dir)/'judgments.jsonl').items() if applies(k, j)}
 
 def trajectories(model_dir) -> dict:
@@ -655,10 +663,11 @@ def record_all(path, todo:list[dict], ask, workers:int=4, stop_after:int=3, prog
     return dict(to_judge=len(todo), recorded=dict(new), endpoint_failures=failed, stopped=stopped)
 
 def judge_model(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:Endpoint, workers:int=4,
-                max_tokens:int=4500, stop_after:int=3, progress:bool=True) -> dict:
-    "Judge the trajectories of `model_dir` that lack a current judgment; the run's account (judged, failures, stop)."
-    return record_missing(model_dir, 'judgments.jsonl', tasks, lambda recs: current_judgments(model_dir, recs, rubrics, max_tokens),
-                          lambda r: judge_record(r, rubrics[r['task_id']], judge, max_tokens), workers, stop_after, progress, 'judge')
+                max_tokens:int=4500, stop_after:int=3, progress:bool=True, verdicts:bool=True) -> dict:
+    """Judge the trajectories of `model_dir` that lack a current judgment (`verdicts`: the requirements' too, else the
+    scores only); the run's account (judged, failures, stop)."""
+    return record_missing(model_dir, 'judgments.jsonl', tasks, lambda recs: current_judgments(model_dir, recs, rubrics, max_tokens, verdicts),
+                          lambda r: judge_record(r, rubrics[r['task_id']], judge, max_tokens, verdicts), workers, stop_after, progress, 'judge')
 
 def record_missing(model_dir, name:str, tasks:list[Task], current, ask, workers:int, stop_after:int, progress:bool, what:str) -> dict:
     "Record `ask(r)` into `model_dir/name` for every judgeable trajectory `current(trajectories)` holds no record of; the run's account."
@@ -767,7 +776,7 @@ def judge_summary(model_dir, tasks:list[Task], rubrics:dict[str, Rubric], judge:
     ids = [t.task_id for t in tasks]
     n = len(ids)
     recs = {k: r for k, r in trajectories(model_dir).items() if k in set(ids)}
-    js = current_judgments(model_dir, recs, rubrics, max_tokens)
+    js = current_judgments(model_dir, recs, rubrics, max_tokens, verdicts=verdicts is None)
     valid = {k: j['judgment'] for k, j in js.items() if j['status'] == 'judged'}
     run = run or {}
     summ = model_dir/'summary.json'
@@ -1444,7 +1453,7 @@ def run_agreement(eval_dir, tasks:list[Task], rubrics:dict[str, Rubric]|None=Non
     for d in model_dirs(eval_dir, models):
         recs = trajectories(d)
         js = judged_records(d, recs, rubrics, mode, cal, max_tokens)
-        scores = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens).items() if j['status'] == 'judged'}
+        scores = {k: j for k, j in current_judgments(d, recs, rubrics, max_tokens, mode == 'trajectory').items() if j['status'] == 'judged'}
         per[d.name] = judge_agreement(js, recs, rubrics) | dict(process=score_agreement(scores, recs))
         scored |= {(d.name, k): j for k, j in scores.items()}
         pooled_js |= {(d.name, k): j for k, j in js.items()}
@@ -1478,18 +1487,17 @@ def run_judges(eval_dir, tasks:list[Task], models:list[str]|None=None, curator:E
                judge:Endpoint|None=None, workers:int=4, max_tokens:int=4500, n_judge:int|None=None,
                progress:bool=True, mode:str='evidence', cal:Calibration|None=None) -> dict[str, dict]:
     """Freeze the rubrics of the first `n_judge` tasks; judge them for every model (given a judge); summarise `tasks`.
-    Mode 'evidence': the verdicts of the evidence judge under `cal` (None: uncalibrated), the five scores of the
-    whole-trajectory call; mode 'trajectory': both from the whole-trajectory call."""
+    Mode 'evidence': the verdicts of the evidence judge under `cal` (None: uncalibrated), the five scores of a
+    whole-trajectory call that asks for nothing else; mode 'trajectory': both from the whole-trajectory call."""
     cal = cal or Calibration()
-    known_mode(mode)
+    evidence = known_mode(mode) == 'evidence'
     sample = tasks[:n_judge]
     rubrics = freeze_rubrics(sample, Path(eval_dir)/'rubrics.jsonl', curator, workers, progress)
     out = {}
     for d in model_dirs(eval_dir, models):
         t0 = time.time()
-        if judge: run = judge_model(d, sample, rubrics, judge, workers, max_tokens, progress=progress)
+        if judge: run = judge_model(d, sample, rubrics, judge, workers, max_tokens, progress=progress, verdicts=not evidence)
         else: run = dict(skipped='no judge endpoint configured')
-        evidence = mode == 'evidence'
         if judge and evidence:
             run['evidence'] = judge_evidence(d, sample, rubrics, judge, cal, workers, progress=progress)
         verdicts = evidence_judgments(d, trajectories(d), rubrics, cal) if evidence else None

@@ -32,11 +32,13 @@ def _completion(model:str, text:str) -> dict:
                 message=dict(role='assistant', content=text))], usage=dict(prompt_tokens=1, completion_tokens=1, total_tokens=2))
 
 def _valid_judgment(body:dict, events=None) -> str:
-    "A well-formed judgment built from the enums of the JSON schema the client sent."
-    p = body['response_format']['json_schema']['schema']['properties']; reqs = p['requirements']['properties']
+    "A well-formed judgment built from the enums of the JSON schema the client sent (verdicts only where it asks for them)."
+    p = body['response_format']['json_schema']['schema']['properties']
+    rest = dict(scores={k: 1 for k in p['scores']['properties']}, error_category='none', summary='ok')
+    if 'requirements' not in p: return json.dumps(rest)
+    reqs = p['requirements']['properties']
     ev = events or [next(iter(reqs.values()))['properties']['events']['items']['enum'][-1]]
-    return json.dumps(dict(requirements={i: dict(verdict='met', events=ev) for i in reqs},
-                           scores={k: 1 for k in p['scores']['properties']}, error_category='none', summary='ok'))
+    return json.dumps(dict(requirements={i: dict(verdict='met', events=ev) for i in reqs}, **rest))
 
 def _logprobs(model:str, top:list[tuple[str, float]]) -> dict:
     "A one-token completion with its top log-probabilities, as an OpenAI-compatible server answers `logprobs=True`."
@@ -216,6 +218,7 @@ def test_evidence_judge_through_an_endpoint(fake, run):
         assert s['requirement_judge'] == 'evidence' and (s['valid_judgments'], s['not_judged']) == (N_TASKS, 0), m
         assert s['panels']['C_quality']['valid_judgments'] == N_TASKS and 'calibration' in s
         assert len(lines(d/m/'evidence.jsonl')) == N_TASKS
+        assert [j['judgment']['requirements'] for j in lines(d/m/'judgments.jsonl')] == [{}] * N_TASKS  # the scores only were asked for
     recs = read_records(d/'oracle'/'trajectories.jsonl')
     ag = run_agreement(d, tasks, rubrics, ['oracle'])
     bought = sum(bool(purchased_asin(r)) for r in recs.values())
