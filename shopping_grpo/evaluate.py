@@ -89,6 +89,7 @@ class PolicySpec:
     base_url: str|None = None           # openai: endpoint; None: $OPENAI_BASE_URL
     api_key_env: str = 'OPENAI_API_KEY' # openai: the variable holding the key
     max_new_tokens: int = 256           # tokens per assistant turn (model policies)
+    max_context: int = 8192             # local models: tokens a conversation may hold, generation included; more ends it (context_overflow)
     timeout: float = 120.0              # openai/vllm: seconds per request
     max_retries: int = 5                # openai/vllm: retries with backoff per request
     seed: int = 0                       # random shopper
@@ -141,10 +142,10 @@ def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None, rows:int=
     name = spec.decoder or local_decoder(device)
     decoder = getattr(generate, dict(generate='TransformersPolicy', static='StaticDecoder', slot='SlotDecoder',
                                      continuous='ContinuousDecoder')[name])
-    kw = dict(rows=rows) if name in ('slot', 'continuous') else {}
+    kw = dict(rows=rows, max_context=spec.max_context) if name in ('slot', 'continuous') else {}
     pol = decoder(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device, **kw)
     pol.name = spec.name
-    return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens)
+    return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens, max_context=spec.max_context)
 
 def endpoint_policy(spec:PolicySpec, lang:str='en') -> OpenAIChatPolicy:
     "A model behind an OpenAI-compatible endpoint, greedy; the key is read from `$<api_key_env>` and never kept."
@@ -199,6 +200,7 @@ def eval_settings(spec:PolicySpec, ident:dict, shop:Shop, max_turns:int) -> dict
     url = (spec.base_url or os.environ.get('OPENAI_BASE_URL')) if spec.kind == 'openai' else None
     return dict(model=spec.name, kind=spec.kind, source=spec.path, base_url=url, temperature=0.0, lang=ident['lang'],
                 max_turns=max_turns, max_new_tokens=spec.max_new_tokens if spec.kind in MODEL_KINDS else None,
+                max_context=spec.max_context if spec.kind in ('transformers', 'vllm') else None,
                 benchmark=ident['source'], benchmark_sha256=ident['benchmark_sha256'],
                 catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model.get('weights_sha256'),
                 model_name=model.get('name'), model_gguf_sha256=model.get('gguf_sha256'))
