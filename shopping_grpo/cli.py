@@ -20,9 +20,9 @@ __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_O
            'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters',
            'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys',
            'thread_env', 'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
-           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command',
-           'serve_model', 'requirement_name', 'read_pins', 'project_requirements', 'verl_requirements',
-           'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
+           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command', 'seed_run',
+           'seed_run_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
+           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
            'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
@@ -438,6 +438,35 @@ def publish_run_command(run:str=typer.Argument(..., help='a finished run folder'
     man = publish_run(run, dest, tuple(a for a in adapters.split(',') if a), max_mb)
     typer.echo(f"{len(man['files'])} files, {man['bytes']/1e6:.1f} MB in {dest}; stages: {', '.join(man['ledger'])}"
                + (f"; no adapter at {', '.join(man['missing_adapters'])}" if man['missing_adapters'] else ''), err=True)
+
+# %% ../nbs/99_cli.ipynb #d8e2ec3e
+def seed_run(published, run_dir, adapters:tuple|None=None, progress:bool=True) -> list[Path]:
+    """Start run `run_dir` from published run `published`: each of `adapters` (None: every one it publishes) joined into
+    the run with its stage's summary and merge record, merged again in order; the merged checkpoints."""
+    import shutil
+    from shopping_grpo.records import write_atomic, sha256_file
+    published, run_dir = Path(published), Path(run_dir).resolve()
+    man = json.loads((published/'PUBLISHED.json').read_text())
+    for a in (man['adapters'] if adapters is None else adapters):
+        stage, src = run_dir/Path(a).parts[0], published/Path(a).parts[0]
+        out = restore_adapter(published, a, run_dir/a)
+        rec = json.loads((src/'merged'/'merged.json').read_text())  # what it was merged onto
+        for f in ('summary.json', 'run.json'):
+            if (src/f).exists(): shutil.copyfile(src/f, stage/f)
+        old = rec['adapter'][:-len(a)].rstrip('/')  # the run the adapter was trained in
+        base = _relocated(rec['base'], old, run_dir)
+        rec |= dict(adapter=str(out), adapter_sha256=sha256_file(out/'adapter_model.safetensors')) | ({'base': str(base)} if base else {})
+        (stage/'merged').mkdir(parents=True, exist_ok=True)
+        write_atomic(stage/'merged'/'merged.json', json.dumps(rec, indent=1))
+    return remake_merged(run_dir, str(run_dir), progress)
+
+@app.command('seed-run')
+def seed_run_command(published:str=typer.Argument(..., help='a published run, e.g. outputs/reference/h200-1.5b'),
+                     run:str=typer.Argument(..., help='the run folder to start'),
+                     adapters:str=typer.Option('', help='adapter folders to take, comma-separated; empty: every published one')):
+    "Start a run from a published one: its adapters joined and merged again, for the stages after them (pipeline --stages)."
+    made = seed_run(published, run, tuple(a for a in adapters.split(',') if a) or None)
+    typer.echo(f"merged {', '.join(str(m) for m in made)}; next: shopping-grpo pipeline --run {run} --stages <the stages after them>", err=True)
 
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shopping_grpo.cli import app, pack_run, unpack_run, carried_files
+from shopping_grpo.cli import app, pack_run, unpack_run, carried_files, seed_run
 
 
 def adapter(base:str, out:Path, seed:int) -> Path:
@@ -109,3 +109,20 @@ def test_a_published_run_gives_back_its_models(trained_run, tmp_path, tiny):
     grpo = merge_lora(str(sft), restore_adapter(tmp_path/'published', 'grpo/adapter', tmp_path/'a'/'grpo'), tmp_path/'m'/'grpo')
     a, b = weights(trained_run/'grpo'/'merged'), weights(grpo)
     assert a.keys() == b.keys() and all(torch_allclose(a[k], b[k]) for k in a)
+
+
+def test_a_run_seeded_from_a_published_one_holds_its_models(trained_run, tmp_path):
+    "seed-run joins the published adapters into a new run and merges them in order: the run's models again, to float16's precision."
+    from shopping_grpo.cli import publish_run
+    (trained_run/'sft'/'summary.json').write_text('{"final_step": 7}')
+    publish_run(trained_run, tmp_path/'published', piece_mb=0.002)
+    r = CliRunner().invoke(app, ['seed-run', str(tmp_path/'published'), str(tmp_path/'seeded')])
+    assert r.exit_code == 0, r.output
+    new = tmp_path/'seeded'
+    assert json.loads((new/'sft'/'summary.json').read_text()) == {'final_step': 7}
+    assert json.loads((new/'grpo'/'merged'/'merged.json').read_text())['base'] == str((new/'sft'/'merged').resolve())  # inside the new run
+    for m in ('sft', 'grpo'):
+        a, b = weights(trained_run/m/'merged'), weights(new/m/'merged')
+        assert a.keys() == b.keys() and all(torch_allclose(a[k], b[k]) for k in a), m
+    with pytest.raises(KeyError, match='publishes no adapter'):
+        seed_run(tmp_path/'published', tmp_path/'other', ('ppo/adapter',), progress=False)
