@@ -14,18 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def auc(pairs:list[tuple[float, bool]]) -> float|None:
-    "ROC AUC of scores against truths (ties count half); None without both truths."
-    from scipy.stats import mannwhitneyu
-    met, unmet = [s for s, t in pairs if t], [s for s, t in pairs if not t]
-    return round(float(mannwhitneyu(met, unmet).statistic) / (len(met) * len(unmet)), 3) if met and unmet else None
-
-
-def yes_share(p:dict) -> float:
-    "P(met) / (P(met) + P(unmet)) of answer probabilities by verdict."
-    return p['met'] / max(1e-9, p['met'] + p['unmet'])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--run', default='outputs/reference/h200', help='a published run with eval/<model>/evidence.jsonl.gz')
@@ -37,12 +25,12 @@ def main():
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     from shopping_grpo.judge import (ANSWERS, KINDS, evidence_questions, model_dirs, purchased_asin, question_messages,
-                                     read_calibration, read_rubrics, requirement_truth, trajectories)
+                                     ranking_auc, read_calibration, read_rubrics, requirement_truth, trajectories, yes_share)
     from shopping_grpo.local_endpoint import LocalEndpoint
     from shopping_grpo.records import read_records
     eval_dir, t0 = Path(a.run)/'eval', time.time()
     rubrics, cal = read_rubrics(eval_dir/'rubrics.jsonl.gz'), read_calibration(eval_dir/'judge_calibration.json')
-    groups = {}  # (kind, truth) -> [(question, the run's judge's answer probabilities)]
+    groups, run_judges = {}, set()  # (kind, truth) -> [(question, the run's judge's answer probabilities)]; the models it asked
     for d in model_dirs(eval_dir):
         recs, stored = trajectories(d), read_records(d/'evidence.jsonl.gz')
         for k, e in sorted(stored.items()):
@@ -51,7 +39,7 @@ def main():
             for q in evidence_questions(recs[k], rubrics[k]) or []:
                 if truth[q.requirement] is not None and q.requirement in e['answers']:
                     groups.setdefault((q.kind, truth[q.requirement]), []).append((q, e['answers'][q.requirement]))
-            run_judge = e['judge']['model']  # the model the run asked
+        run_judges |= {e['judge']['model'] for e in stored.values()}
     rng = random.Random(a.seed)
     sample = {g: rng.sample(xs, min(a.per_truth, len(xs))) for g, xs in sorted(groups.items())}
     judge = LocalEndpoint(a.model, rows=a.rows, device=a.device)
@@ -67,13 +55,13 @@ def main():
         rows = [(dict(zip(('met', 'unmet', 'unclear'), p)), g[1], ref) for (g, q, ref), p in zip(asked, probs) if g[0] == k]
         if not rows: continue
         kinds[k] = dict(questions=len(rows), unmet=sum(not t for _, t, _ in rows),
-                        auc=auc([(yes_share(p), t) for p, t, _ in rows]),
-                        auc_run_judge=auc([(yes_share(ref), t) for _, t, ref in rows]))
+                        auc=ranking_auc([(yes_share(p), t) for p, t, _ in rows]),
+                        auc_run_judge=ranking_auc([(yes_share(ref), t) for _, t, ref in rows]))
         print(k, json.dumps(kinds[k]), file=sys.stderr)
     pooled = [(yes_share(dict(zip(('met', 'unmet', 'unclear'), p))), g[1]) for (g, _, _), p in zip(asked, probs)]
-    out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=run_judge,
+    out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=', '.join(sorted(run_judges)),
                per_truth=a.per_truth, seed=a.seed, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
-               auc=auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
+               auc=ranking_auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
                machine=platform.machine(), processor=platform.processor() or None)
     print(json.dumps({k: v for k, v in out.items() if k != 'available'}, indent=1))
     if a.out: Path(a.out).write_text(json.dumps(out, indent=1) + '\n')

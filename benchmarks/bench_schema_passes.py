@@ -81,6 +81,7 @@ def main():
     tok = load_tokenizer(a.tokenizer or judge)
     ids = lru_cache(None)(lambda s: tuple(tok.encode(s, add_special_tokens=False)))
     per, total, scores_total = {}, Counter(), Counter()
+    passes = lambda c, how: sum(v for k, v in c.items() if k.endswith(f':{how}'))  # 'every' or 'forced', over every part
     for name, (judged, trajs) in models.items():
         c, s, n = Counter(), Counter(), 0
         for r in judged:
@@ -90,18 +91,18 @@ def main():
             scores_only = {k: v for k, v in j.items() if k != 'requirements'}
             s += replay(json.dumps(scores_only, ensure_ascii=False), judgment_schema(rubric, trajs[r['task_id']], verdicts=False), ids)
             n += 1
-        every, forced = sum(v for k, v in c.items() if k.endswith(':every')), sum(v for k, v in c.items() if k.endswith(':forced'))
+        every, forced = passes(c, 'every'), passes(c, 'forced')
         per[name] = dict(answers=n, passes_every_token=every, passes_forced=forced, ratio=round(every / max(forced, 1), 3),
-                         passes_scores_only=sum(v for k, v in s.items() if k.endswith(':forced')))
+                         passes_scores_only=passes(s, 'forced'))
         total += c
         scores_total += s
         print(name, json.dumps(per[name]), file=sys.stderr)
     parts = sorted({k.split(':')[0] for k in total})
-    every, forced = sum(total[f'{p}:every'] for p in parts), sum(total[f'{p}:forced'] for p in parts)
+    every, forced, so = passes(total, 'every'), passes(total, 'forced'), passes(scores_total, 'forced')
     out = dict(run=a.run, judge=judge, tokenizer=a.tokenizer or judge, answers=sum(m['answers'] for m in per.values()),
                passes_every_token=every, passes_forced=forced, ratio=round(every / max(forced, 1), 3),
                by_part={p: dict(every_token=total[f'{p}:every'], forced=total[f'{p}:forced']) for p in parts},
-               scores_only=dict(passes_forced=(so := sum(v for k, v in scores_total.items() if k.endswith(':forced'))),
+               scores_only=dict(passes_forced=so,
                                 ratio_to_forced=round(forced / max(so, 1), 3), ratio_to_every_token=round(every / max(so, 1), 3)),
                models=per, seconds=round(time.time() - t0, 1))
     print(json.dumps({k: v for k, v in out.items() if k != 'models'}, indent=1))

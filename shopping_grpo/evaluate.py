@@ -200,7 +200,7 @@ def eval_settings(spec:PolicySpec, ident:dict, shop:Shop, max_turns:int) -> dict
     url = (spec.base_url or os.environ.get('OPENAI_BASE_URL')) if spec.kind == 'openai' else None
     return dict(model=spec.name, kind=spec.kind, source=spec.path, base_url=url, temperature=0.0, lang=ident['lang'],
                 max_turns=max_turns, max_new_tokens=spec.max_new_tokens if spec.kind in MODEL_KINDS else None,
-                max_context=spec.max_context if spec.kind in ('transformers', 'vllm') else None,
+                max_context=spec.max_context if spec.kind == 'transformers' else None,  # a served model's context is its server's
                 benchmark=ident['source'], benchmark_sha256=ident['benchmark_sha256'],
                 catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256(), model_sha256=model.get('weights_sha256'),
                 model_name=model.get('name'), model_gguf_sha256=model.get('gguf_sha256'))

@@ -20,28 +20,28 @@ from .evaluate import summarize
 from .tools import approx_tokens
 
 # %% auto #0
-__all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_INTRO', 'VERDICT_RULES',
-           'SCORE_RULES', 'VERDICTS_EXAMPLE', 'ANSWER_EXAMPLE', 'JUDGE_PROMPT', 'SCORES_PROMPT', 'CUTS', 'FORBIDDEN',
-           'VERDICTS', 'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE', 'JUDGE_PACKAGES', 'SOFT_COMPONENTS',
-           'LISTED', 'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES', 'LEAK_KINDS', 'MAX_WRONG_PASS',
-           'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'EVIDENCE_PROMPT', 'EXAMPLE_KINDS', 'UNCLEAR_CUTS',
-           'TOP_LOGPROBS', 'EVIDENCE_VERSION', 'CALIBRATION_SHOPPERS', 'JUDGE_MODES', 'Candidate', 'candidates',
-           'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric', 'RubricError', 'Decision',
-           'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable', 'Endpoint', 'quote_spans',
-           'curator_messages', 'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics', 'rubric_set_sha256',
-           'agent_view', 'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages', 'plant_sentinels',
-           'JudgmentError', 'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema', 'prompt_sha256',
-           'judge_record', 'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view', 'judgeable',
-           'record_all', 'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward', 'panel_rubric',
-           'panel_quality', 'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth', 'cohen_kappa',
-           'buy_event', 'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures', 'judge_agreement',
-           'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement', 'prompt_leaks',
-           'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine', 'page_lines',
-           'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
-           'worked_examples', 'examples_for', 'Calibration', 'fit_calibration', 'answer_mass', 'evidence_sha256',
-           'evidence_record', 'evidence_judgment', 'calibration_trajectories', 'read_calibration', 'calibrate_judge',
-           'agreement_table', 'current_evidence', 'evidence_judgments', 'judge_evidence', 'known_mode',
-           'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement', 'run_judges']
+__all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'SCORES_PROMPT',
+           'CUTS', 'FORBIDDEN', 'VERDICTS', 'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE',
+           'JUDGE_PACKAGES', 'SOFT_COMPONENTS', 'LISTED', 'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES',
+           'LEAK_KINDS', 'MAX_WRONG_PASS', 'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'EVIDENCE_PROMPT',
+           'EXAMPLE_KINDS', 'UNCLEAR_CUTS', 'TOP_LOGPROBS', 'EVIDENCE_VERSION', 'CALIBRATION_SHOPPERS', 'JUDGE_MODES',
+           'Candidate', 'candidates', 'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric',
+           'RubricError', 'Decision', 'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable',
+           'Endpoint', 'quote_spans', 'curator_messages', 'curation_schema', 'curate', 'read_rubrics', 'freeze_rubrics',
+           'rubric_set_sha256', 'agent_view', 'visible_metrics', 'event_ids', 'judge_system_prompt', 'judge_messages',
+           'plant_sentinels', 'JudgmentError', 'Verdict', 'Scores', 'Judgment', 'check_judgment', 'judgment_schema',
+           'prompt_sha256', 'judge_record', 'current_judgments', 'trajectories', 'model_dirs', 'has_agent_view',
+           'judgeable', 'record_all', 'judge_model', 'record_missing', 'not_judged_reasons', 'panel_reward',
+           'panel_rubric', 'panel_quality', 'panel_behaviour', 'judge_summary', 'source_truth', 'requirement_truth',
+           'cohen_kappa', 'buy_event', 'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures',
+           'judge_agreement', 'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement',
+           'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine',
+           'page_lines', 'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
+           'worked_examples', 'examples_for', 'yes_share', 'Calibration', 'fit_calibration', 'answer_mass',
+           'evidence_sha256', 'evidence_record', 'evidence_judgment', 'calibration_trajectories', 'read_calibration',
+           'calibrate_judge', 'agreement_table', 'current_evidence', 'evidence_judgments', 'judge_evidence',
+           'known_mode', 'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement', 'run_judges',
+           'ranking_auc']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -466,27 +466,27 @@ ERRORS = {
  'other': 'another mistake'}
 
 # %% ../nbs/08_judge.ipynb #f59968a9
-JUDGE_INTRO = (
+_INTRO = (
     "You review one episode of a shopping agent in a simulated online shop. You get the shopper's request, a rubric of "
     "requirements, a few counts, and the episode as the agent saw it: its tool calls (ids a0001, a0002, ...) and what "
     "came back (ids e0001, e0002, ...). You are not told whether the agent succeeded; judge only from what the episode "
     "shows.\n")
-VERDICT_RULES = (
+_VERDICT_RULES = (
     'For each rubric requirement, give a verdict about the product the agent finally bought (with the options it '
     'selected and the price shown for them): "met" when the pages show that it satisfies the requirement, "unmet" '
     'when the agent bought nothing or the pages show that the product fails it, "unclear" when the pages do not show '
     'enough. Cite the ids of the events that show it (at least one; for "unclear", the last event that bears on it).\n')
-SCORE_RULES = (
+_SCORE_RULES = (
     "Score each dimension 0 (poor), 1 (partly) or 2 (good):\n"
     "{scores}\n"
     "Choose the error category that best names the main mistake:\n"
     "{errors}\n"
     "Answer with one JSON object and nothing else:\n")
-VERDICTS_EXAMPLE = ('"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
-                    '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, ')
-ANSWER_EXAMPLE = '{{{verdicts}"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}'
-JUDGE_PROMPT = JUDGE_INTRO + VERDICT_RULES + SCORE_RULES + ANSWER_EXAMPLE.replace('{verdicts}', VERDICTS_EXAMPLE)
-SCORES_PROMPT = JUDGE_INTRO + SCORE_RULES + ANSWER_EXAMPLE.replace('{verdicts}', '')  # the requirements are judged elsewhere
+_VERDICTS_EXAMPLE = ('"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
+                     '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, ')
+_SCORES_EXAMPLE = '"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}'
+JUDGE_PROMPT = _INTRO + _VERDICT_RULES + _SCORE_RULES + '{{' + _VERDICTS_EXAMPLE + _SCORES_EXAMPLE
+SCORES_PROMPT = _INTRO + _SCORE_RULES + '{{' + _SCORES_EXAMPLE  # the requirements are judged elsewhere
 
 def judge_system_prompt(verdicts:bool=True) -> str:
     "The judge's system prompt, with the score dimensions and error categories filled in: JUDGE_PROMPT, or without verdicts SCORES_PROMPT."
@@ -611,7 +611,7 @@ def current_judgments(model_dir, recs:dict, rubrics:dict[str, Rubric], max_token
     asked = (True,) if verdicts else (False, True)
     def applies(k:str, j:dict) -> bool:
         if not (k in recs and k in rubrics and has_agent_view(recs[k])): return False
-        return j.get('prompt_sha256') in {prompt_sha256(recs[k], rubrics[k], max_tokens, v) for v in asked}
+        return any(j.get('prompt_sha256') == prompt_sha256(recs[k], rubrics[k], max_tokens, v) for v in asked)  # the first that fits
     return {k: j for k, j in read_records(Path(model_dir)/'judgments.jsonl').items() if applies(k, j)}
 
 def trajectories(model_dir) -> dict:
@@ -1227,6 +1227,10 @@ def examples_for(kind:str, examples:list) -> list:
     return [x for x in examples if len(x) < 3 or x[2] == kind or x[1] == ANSWERS['unclear']]
 
 # %% ../nbs/08_judge.ipynb #61d32093
+def yes_share(p:dict) -> float:
+    "p(yes) / (p(yes) + p(no)) of answer probabilities `p` by verdict, what a threshold is put on; 0 when both are 0."
+    return p['met'] / (p['met'] + p['unmet']) if p['met'] + p['unmet'] > 0 else 0.0
+
 @dataclass
 class Calibration:
     "How the evidence judge turns answer probabilities into verdicts, and the worked examples its prompt shows."
@@ -1238,7 +1242,7 @@ class Calibration:
     def verdict(self, kind:str, p:dict) -> str:
         "The verdict of answer probabilities `p` (by verdict) on a requirement of `kind`."
         if p['unclear'] > self.unclear_above * sum(p.values()) or p['met'] + p['unmet'] <= 0: return 'unclear'
-        return 'met' if p['met'] / (p['met'] + p['unmet']) >= self.thresholds.get(kind, self.default) else 'unmet'
+        return 'met' if yes_share(p) >= self.thresholds.get(kind, self.default) else 'unmet'
     def as_dict(self) -> dict: return asdict(self)
     @classmethod
     def from_dict(cls, d:dict) -> 'Calibration': return cls(**{**d, 'examples': [tuple(x) for x in d['examples']]})
@@ -1254,7 +1258,7 @@ def _threshold(items:list, unclear_above:float) -> float:
     "The threshold on yes's share that maximises kappa over `items` (kind, probabilities, truth), nearest 0.5 of equals."
     import numpy as np
     asks = Calibration(unclear_above=unclear_above)
-    sure = [p['met'] / (p['met'] + p['unmet']) for _, p, _ in items if asks.verdict('', p) != 'unclear']
+    sure = [yes_share(p) for _, p, _ in items if asks.verdict('', p) != 'unclear']
     cuts = np.unique(np.quantile(sure, np.linspace(0, 1, 101))) if sure else np.array([0.5])
     cands = sorted({0.5, *np.r_[cuts[:1] - 1e-9, (cuts[1:] + cuts[:-1]) / 2, cuts[-1:] + 1e-9].round(9).tolist()})
     score = lambda t: cohen_kappa(_counts(items, Calibration(default=t, unclear_above=unclear_above)))[0]
@@ -1504,3 +1508,10 @@ def run_judges(eval_dir, tasks:list[Task], models:list[str]|None=None, curator:E
         run = dict(run, seconds=round(time.time() - t0, 1))
         out[d.name] = judge_summary(d, tasks, rubrics, judge, run, max_tokens, verdicts, cal if evidence else None)
     return out
+
+# %% ../nbs/08_judge.ipynb #eb653ff1
+def ranking_auc(pairs:list[tuple[float, bool]]) -> float|None:
+    "How often a score of `pairs` (score, truth) ranks a true one above a false one (ROC AUC, ties half), to 3 places; None without both."
+    from scipy.stats import mannwhitneyu
+    pos, neg = [s for s, t in pairs if t], [s for s, t in pairs if not t]
+    return round(float(mannwhitneyu(pos, neg).statistic) / (len(pos) * len(neg)), 3) if pos and neg else None
