@@ -15,6 +15,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.code_digest': ('cli.html#code_digest', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.docs_command': ('cli.html#docs_command', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.download_wheels': ('cli.html#download_wheels', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.finished_after': ('cli.html#finished_after', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.host_needs': ('cli.html#host_needs', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.load_profile': ('cli.html#load_profile', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.machine_name': ('cli.html#machine_name', 'shopping_grpo/cli.py'),

@@ -18,12 +18,12 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
 __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS',
            'PUBLISH_MAX_MB', 'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
            'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters',
-           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage', 'stage_keys',
-           'thread_env', 'pipeline', 'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command',
-           'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter', 'publish_run_command', 'seed_run',
-           'seed_run_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
-           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
-           'pack_offline_command', 'docs_command', 'readme_command']
+           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage',
+           'finished_after', 'stage_keys', 'thread_env', 'pipeline', 'carried_files', 'pack_run', 'remake_merged',
+           'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter',
+           'publish_run_command', 'seed_run', 'seed_run_command', 'serve_model', 'requirement_name', 'read_pins',
+           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
+           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -94,10 +94,17 @@ def machine_name() -> str:
 def record_stage(run_dir:Path, stage:str, key:str, seconds:float, cpu_threads:int=0):
     "Record that `stage` finished with `key` (atomic rewrite of the ledger); `cpu_threads` when its kernel was capped."
     from shopping_grpo.records import write_atomic
-    done = dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'), machine=machine_name())
+    led = read_ledger(run_dir)
+    done = dict(key=key, seconds=round(seconds, 1), finished_at=time.strftime('%Y-%m-%dT%H:%M:%S'), machine=machine_name(),
+                seq=max((v.get('seq', 0) for v in led.values()), default=0) + 1)  # the order stages finished in, on any machine
     if cpu_threads: done['cpu_threads'] = cpu_threads  # its seconds were measured on a share of the host's CPUs
-    led = read_ledger(run_dir) | {stage: done}
-    write_atomic(run_dir/'pipeline.json', json.dumps(led, indent=1))
+    write_atomic(run_dir/'pipeline.json', json.dumps(led | {stage: done}, indent=1))
+
+def finished_after(ledger:dict, stage:str) -> str|None:
+    "The first stage before `stage` in `STAGES` that finished after it (so its outputs are older than their inputs), or None."
+    if stage not in STAGES or stage not in ledger: return None
+    seq = ledger[stage].get('seq', 0)
+    return next((s for s in STAGES[:STAGES.index(stage)] if ledger.get(s, {}).get('seq', 0) > seq), None)
 
 # %% ../nbs/99_cli.ipynb #0f5f3268
 def stage_keys(names:list[str], profile:dict) -> dict:
@@ -141,8 +148,11 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     for i, st in enumerate(names, 1):
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()
         params = dict(stage_parameters(nb, prof), run_dir=str(run_dir))
-        done = read_ledger(run_dir).get(st, {})
-        if not force and done.get('key') == keys[st] and out.exists():
+        led = read_ledger(run_dir)
+        done, newer = led.get(st, {}), finished_after(led, st)
+        if newer and done.get('key') == keys[st]:  # e.g. 07 of a seeded run, then 06: the GRPO model is not evaluated yet
+            typer.echo(f'[{i}/{len(names)} {st}] older than {newer}, which finished after it: run again', err=True)
+        elif not force and done.get('key') == keys[st] and out.exists():
             typer.echo(f'[{i}/{len(names)} {st}] unchanged since {done["finished_at"]}: skipped', err=True)
             continue
         if done.get('key') and done['key'] != keys[st]:  # a run carried from another commit redoes from here on

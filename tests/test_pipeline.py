@@ -25,6 +25,23 @@ def test_rerun_skips_unchanged_stages_and_reruns_after_a_change(tmp_path):
     assert led3['00_env'] == led1['00_env'] and led3['01_tasks']['key'] != led1['01_tasks']['key']
 
 
+def test_a_stage_older_than_an_earlier_one_runs_again(tmp_path):
+    "A stage run again alone (as 06_grpo after a seeded run's 07_evaluate) makes every later stage's outputs stale."
+    prof = tmp_path/'tiny.yaml'; run = tmp_path/'run'
+    prof.write_text("n_products: 1500\nseed: 0\ntask_seed: 1\nlang: en\nsplit_sizes: {sft: 10, grpo_train: 10, grpo_val: 5, eval: 10}\n")
+    run_pipeline(prof, run)
+    r = subprocess.run(CLI + ['pipeline', '--profile', str(prof), '--run', str(run), '--stages', '00_env', '--force'],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    led = json.loads((run/'pipeline.json').read_text())
+    assert led['00_env']['seq'] > led['01_tasks']['seq']
+    again = run_pipeline(prof, run)
+    assert '[1/2 00_env] unchanged' in again and '[2/2 01_tasks] older than 00_env' in again
+    led2 = json.loads((run/'pipeline.json').read_text())
+    assert led2['01_tasks']['key'] == led['01_tasks']['key'] and led2['01_tasks']['seq'] > led2['00_env']['seq']
+    assert run_pipeline(prof, run).count('skipped') == 2
+
+
 def test_unknown_stage_is_refused_before_anything_runs(tmp_path):
     r = subprocess.run(CLI + ['pipeline', '--run', str(tmp_path/'run'), '--stages', '00_env,nope'], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode != 0 and 'no stage notebook' in r.stderr and not (tmp_path/'run'/'pipeline.json').exists()
