@@ -65,6 +65,8 @@ class GRPORecipe:
     # not the LoRA model
     merged_decode:bool = False
     val_every:int = 10                   # steps between validations (and checkpoints)
+    save_every:int|None = None           # steps between checkpoints besides those of validations (a run resumed on another
+                                         # machine loses fewer steps); None: at validations only
     n_val:int = 64                       # grpo_val tasks, one greedy episode each
     # 'generate' (TransformersPolicy), 'static' (StaticDecoder: prefills every context whole each turn),
     # 'slot' (SlotDecoder: each episode keeps its KV cache between turns, one row each) or 'continuous'
@@ -87,6 +89,8 @@ class GRPORecipe:
         if self.pack_episodes and self.gradient_checkpointing:
             raise ValueError('pack_episodes with gradient_checkpointing: the recomputed forward pass would attend across '
                              'the episodes of a packed row; turn one of them off')
+        if self.save_every is not None and self.save_every < 1:
+            raise ValueError(f'save_every {self.save_every}: a number of steps (1 or more), or None for validations only')
         if self.reward != 'v3' and self.credit != 'episode':
             raise ValueError(f"reward {self.reward!r} needs credit='episode': the step-credit variants "
                              "(06c_step_credit) compute their advantages from the records' Reward v3")
@@ -464,6 +468,8 @@ def grpo_monitor(run:GRPORun):
             if state.global_step % run.recipe.val_every == 0 or state.global_step == state.max_steps:
                 validate(run, model, state.global_step)
                 control.should_save = True
+            elif run.recipe.save_every and state.global_step % run.recipe.save_every == 0:
+                control.should_save = True  # a checkpoint to resume from, without a validation
         def on_log(self, args, state, control, logs=None, **kw):
             if 'loss' in (logs or {}):
                 _durable(run.metrics,
@@ -627,7 +633,7 @@ def drop_none_reward_warning(record) -> bool:
 
 # %% ../nbs/06_grpo.ipynb #3be5ec47
 # a resumed run may change these
-UNPINNED = ('max_steps', 'n_val', 'val_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
+UNPINNED = ('max_steps', 'n_val', 'val_every', 'save_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
             'gradient_checkpointing', 'pack_episodes')
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,

@@ -232,6 +232,27 @@ def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, mon
     assert [r['step'] for r in read_metrics(out/'metrics.jsonl') if r['kind'] == 'train'] == [1, 2]
 
 
+def test_a_checkpoint_between_validations_is_resumed_from(shop, tiny, renderer, tmp_path, monkeypatch):
+    """With save_every=1 and val_every=3 step 1 leaves a checkpoint without a validation; a crash writing checkpoint-2
+    resumes from it on the next attempt, which validates once at steps 0 and 3 and logs each step once."""
+    import transformers
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 3, 'val_every': 3, 'save_every': 1})
+    orig = transformers.Trainer._save_rng_state
+    def full(self, output_dir):
+        if output_dir.endswith('checkpoint-2'): raise OSError(errno.ENOSPC, 'No space left on device', output_dir)
+        return orig(self, output_dir)
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', full)
+    out = tmp_path/'grpo'
+    with pytest.raises(DiskFull): train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    assert (out/'checkpoint-1'/'trainer_state.json').exists() and not (out/'val'/'step-1').exists()
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', orig)
+    s = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    assert s['resumed_from'].endswith('checkpoint-1') and s['final_step'] == 3
+    recs = read_metrics(out/'metrics.jsonl')
+    assert [r['step'] for r in recs if r['kind'] == 'train'] == [1, 2, 3]
+    assert [r['step'] for r in recs if r['kind'] == 'val'] == [0, 3]
+
+
 def test_a_fresh_run_drops_what_an_earlier_attempt_wrote(shop, tiny, renderer, tmp_path):
     """A run folder carried from an attempt that stopped before its first checkpoint holds its step-0 validation:
     the fresh run starts over and logs each validation once."""
