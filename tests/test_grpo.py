@@ -197,6 +197,17 @@ def test_three_nan_steps_in_a_row_stop(tmp_path):
             with pytest.raises(FloatingPointError, match='3 steps in a row'): mon.on_pre_optimizer_step(None, state, None, model=lin)
 
 
+def disk_full_at(monkeypatch, checkpoint:str):
+    "Make the Trainer's write of `checkpoint` fail with ENOSPC (after its adapter, before its trainer state); the original method."
+    import transformers
+    orig = transformers.Trainer._save_rng_state
+    def full(self, output_dir):
+        if output_dir.endswith(checkpoint): raise OSError(errno.ENOSPC, 'No space left on device', output_dir)
+        return orig(self, output_dir)
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', full)
+    return orig
+
+
 def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, monkeypatch, caplog):
     """Step 1 has an episode whose shop step raises: it is counted and TRL averages the reward over the valid ones
     (without TRL's per-episode warning in the log). ENOSPC while writing checkpoint-2 stops the run with DiskFull; the
@@ -205,11 +216,7 @@ def test_faulty_episode_full_disk_and_resume(shop, tiny, renderer, tmp_path, mon
     import transformers, logging
     caplog.set_level(logging.WARNING)
     cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 2})
-    orig = transformers.Trainer._save_rng_state
-    def full(self, output_dir):
-        if output_dir.endswith('checkpoint-2'): raise OSError(errno.ENOSPC, 'No space left on device', output_dir)
-        return orig(self, output_dir)
-    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', full)
+    orig = disk_full_at(monkeypatch, 'checkpoint-2')
     out = tmp_path/'grpo'
     with pytest.raises(DiskFull, match='no space left'): train_grpo(tiny, FlakyShop(shop), out, cfg, policy_factory=scripted(shop, renderer, cfg))
     assert (out/'checkpoint-2').is_dir() and not (out/'checkpoint-2'/'trainer_state.json').exists()
@@ -237,11 +244,7 @@ def test_a_checkpoint_between_validations_is_resumed_from(shop, tiny, renderer, 
     resumes from it on the next attempt, which validates once at steps 0 and 3 and logs each step once."""
     import transformers
     cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 3, 'val_every': 3, 'save_every': 1})
-    orig = transformers.Trainer._save_rng_state
-    def full(self, output_dir):
-        if output_dir.endswith('checkpoint-2'): raise OSError(errno.ENOSPC, 'No space left on device', output_dir)
-        return orig(self, output_dir)
-    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', full)
+    orig = disk_full_at(monkeypatch, 'checkpoint-2')
     out = tmp_path/'grpo'
     with pytest.raises(DiskFull): train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
     assert (out/'checkpoint-1'/'trainer_state.json').exists() and not (out/'val'/'step-1').exists()
