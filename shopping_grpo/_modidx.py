@@ -1015,6 +1015,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.pin_sft_run': ('sft.html#pin_sft_run', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.register_conversation_attention': ( 'sft.html#register_conversation_attention',
                                                                                           'shopping_grpo/sft.py'),
+                                   'shopping_grpo.sft.rejection_places': ('sft.html#rejection_places', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.rows_sha256': ('sft.html#rows_sha256', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.sft_config': ('sft.html#sft_config', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.sft_example': ('sft.html#sft_example', 'shopping_grpo/sft.py'),

@@ -13,11 +13,11 @@ from .episode import ChatRenderer, generated_text
 from .collect import load_trajectories
 
 # %% auto #0
-__all__ = ['IGNORE', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'SFTData', 'PadCollator', 'labelled_nll',
-           'action_loss', 'pack_bins', 'packed_row', 'pack_rows', 'pack_fill', 'PackedCollator',
-           'conversation_attention', 'register_conversation_attention', 'SFTConfig', 'sft_config', 'tiny_model',
-           'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run', 'train_sft', 'merge_lora', 'turn_spans',
-           'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
+__all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'rejection_places', 'SFTData',
+           'PadCollator', 'labelled_nll', 'action_loss', 'pack_bins', 'packed_row', 'pack_rows', 'pack_fill',
+           'PackedCollator', 'conversation_attention', 'register_conversation_attention', 'SFTConfig', 'sft_config',
+           'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run', 'train_sft', 'merge_lora',
+           'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -51,6 +51,19 @@ def rows_sha256(rows:list[dict]) -> str:
     for r in rows: h.update(json.dumps([r['input_ids'], r['labels']], separators=(',', ':')).encode())
     return h.hexdigest()
 
+# %% ../nbs/05_sft.ipynb #a8b8f2cf
+REJECTION_PLACES = ('page', 'detail', 'options')  # where the teacher turns a product down
+
+def rejection_places(tools:list[str]) -> Counter:
+    "Where an episode's calls `tools` turn a product down: on the page just opened, back from a detail page, after selecting options."
+    out = Counter()
+    for i in range(1, len(tools)):
+        if tools[i] != 'prev_page': continue
+        if tools[i-1] == 'open_product': out['page'] += 1
+        elif tools[i-1] == 'select_option': out['options'] += 1
+        elif tools[i-1] == 'prev_page' and i >= 2 and tools[i-2].startswith('view_'): out['detail'] += 1
+    return out
+
 # %% ../nbs/05_sft.ipynb #3c842fe3
 class SFTData:
     "Training rows from JSONL trajectory files, with counts of what was kept and dropped."
@@ -60,6 +73,7 @@ class SFTData:
                  where=None):                   # optional filter: record -> bool
         self.paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
         self.max_len, self.rows, renderers, c = max_len, [], {}, Counter()
+        self.rejections = dict(kept=Counter(dict.fromkeys(REJECTION_PLACES, 0)), over_length=Counter(dict.fromkeys(REJECTION_PLACES, 0)))
         for p in self.paths:
             for rec in load_trajectories(p):
                 c['records'] += 1
@@ -74,6 +88,7 @@ class SFTData:
                     continue
                 if ex is None: c['over_length'] += 1
                 else: self.rows.append(ex)
+                self.rejections['kept' if ex is not None else 'over_length'].update(rejection_places([s['tool'] for s in rec.get('steps', [])]))
         lens = [len(r['input_ids']) for r in self.rows]
         labelled = sum(sum(l != IGNORE for l in r['labels']) for r in self.rows)
         self.counts = dict(records=c['records'], rows=len(self.rows), over_length=c['over_length'],
@@ -85,7 +100,8 @@ class SFTData:
     def info(self) -> dict:
         "Counts and hashes of the sources and of the rows, for summaries."
         files = {str(p): sha256_file(p) for p in self.paths}
-        return dict(self.counts, files=files, rows_sha256=rows_sha256(self.rows))
+        return dict(self.counts, files=files, rows_sha256=rows_sha256(self.rows),
+                    rejections={k: dict(v) for k, v in self.rejections.items()})
 
 # %% ../nbs/05_sft.ipynb #fb1c198a
 class PadCollator:
