@@ -149,12 +149,12 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()
         params = dict(stage_parameters(nb, prof), run_dir=str(run_dir))
         led = read_ledger(run_dir)
-        done, newer = led.get(st, {}), finished_after(led, st)
-        if newer and done.get('key') == keys[st]:  # e.g. 07 of a seeded run, then 06: the GRPO model is not evaluated yet
-            typer.echo(f'[{i}/{len(names)} {st}] older than {newer}, which finished after it: run again', err=True)
-        elif not force and done.get('key') == keys[st] and out.exists():
+        done, newer = led.get(st, {}), finished_after(led, st)  # e.g. 07 of a seeded run, then 06: the GRPO model is new
+        if not force and done.get('key') == keys[st] and out.exists() and not newer:
             typer.echo(f'[{i}/{len(names)} {st}] unchanged since {done["finished_at"]}: skipped', err=True)
             continue
+        if newer and done.get('key') == keys[st]:
+            typer.echo(f'[{i}/{len(names)} {st}] older than {newer}, which finished after it: run again', err=True)
         if done.get('key') and done['key'] != keys[st]:  # a run carried from another commit redoes from here on
             typer.echo(f'[{i}/{len(names)} {st}] changed since {done["finished_at"]} (its notebook, parameters or code, '
                        'or an earlier stage\'s): run again', err=True)

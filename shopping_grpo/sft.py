@@ -52,16 +52,15 @@ def rows_sha256(rows:list[dict]) -> str:
     return h.hexdigest()
 
 # %% ../nbs/05_sft.ipynb #a8b8f2cf
-REJECTION_PLACES = ('page', 'detail', 'options')  # where the teacher turns a product down
+REJECTION_PLACES = dict(page='open_product', detail='prev_page', options='select_option')  # place -> the call before its prev_page
 
 def rejection_places(tools:list[str]) -> Counter:
     "Where an episode's calls `tools` turn a product down: on the page just opened, back from a detail page, after selecting options."
+    place = {before: p for p, before in REJECTION_PLACES.items()}
     out = Counter()
     for i in range(1, len(tools)):
-        if tools[i] != 'prev_page': continue
-        if tools[i-1] == 'open_product': out['page'] += 1
-        elif tools[i-1] == 'select_option': out['options'] += 1
-        elif tools[i-1] == 'prev_page' and i >= 2 and tools[i-2].startswith('view_'): out['detail'] += 1
+        if tools[i] != 'prev_page' or (p := place.get(tools[i-1])) is None: continue
+        if p != 'detail' or (i >= 2 and tools[i-2].startswith('view_')): out[p] += 1  # detail: back from a view_ page first
     return out
 
 # %% ../nbs/05_sft.ipynb #3c842fe3
@@ -73,7 +72,7 @@ class SFTData:
                  where=None):                   # optional filter: record -> bool
         self.paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
         self.max_len, self.rows, renderers, c = max_len, [], {}, Counter()
-        self.rejections = dict(kept=Counter(dict.fromkeys(REJECTION_PLACES, 0)), over_length=Counter(dict.fromkeys(REJECTION_PLACES, 0)))
+        self.rejections = {k: Counter(dict.fromkeys(REJECTION_PLACES, 0)) for k in ('kept', 'over_length')}
         for p in self.paths:
             for rec in load_trajectories(p):
                 c['records'] += 1
