@@ -16,10 +16,10 @@ __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT
            'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword',
            'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
            'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
-           'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'human_words', 'request_problems',
-           'request_frame', 'wording_variety', 'freeze_human', 'spelling_variants', 'wording_words', 'alternatives',
-           'ambiguous_alternatives', 'mixed_words', 'slot_words', 'mixed_problems', 'word_mixed', 'reword_mixed',
-           'mixed_is_template']
+           'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh', 'human_words',
+           'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
+           'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives', 'mixed_words', 'slot_words',
+           'mixed_problems', 'word_mixed', 'reword_mixed', 'mixed_is_template']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -442,7 +442,7 @@ def freeze_freeform(run_dir, langs=LANGS, out_dir=None) -> dict:
     return _freeze(run_dir, langs, out_dir, 'freeform', reworded)
 
 # %% ../nbs/01_tasks.ipynb #0bb46da9
-HUMAN_LANGS = ('en',)  # languages the requests written by hand exist in
+HUMAN_LANGS = ('en', 'zh')  # languages the requests written by hand exist in
 
 def human_requests(lang:str='en', data=None) -> dict[str, str]:
     "The requests written by hand for the frozen tasks, by task id: `human_requests_<lang>.jsonl` of `data` (default `data/`)."
@@ -479,16 +479,33 @@ def names_any(text:str, phrases) -> bool:
     return any(re.search(rf'(?<![a-z0-9]){re.escape(plain_words(p))}(?:s|es)?(?![a-z0-9])', t) for p in phrases)
 
 # %% ../nbs/01_tasks.ipynb #7779aac3
-_AMOUNT = re.compile(r'(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(k)?(?!\w|\.\d)', re.I)
-_MONEY_BEFORE, _MONEY_AFTER = re.compile(r'(¥|rmb|yuan)\s*$', re.I), re.compile(r'\s*(yuan|rmb|元|块)', re.I)
+_AMOUNT = re.compile(r'(?<![A-Za-z0-9_.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(k)?(?![A-Za-z0-9_]|\.\d)', re.I)
+_MONEY_BEFORE, _MONEY_AFTER = re.compile(r'(¥|￥|rmb|yuan|人民币)\s*$', re.I), re.compile(r'\s*(yuan|rmb|元|块|人民币)', re.I)
 
 def stated_amounts(text:str) -> list[tuple[float, bool]]:
-    "Every amount `text` writes ('1428', '1,428', '1.4k', '¥1428', '1428 yuan'), and whether it is marked as money."
+    "Every amount `text` writes ('1428', '1,428', '1.4k', '¥1428', '1428 yuan', '1428元'), and whether it is marked as money."
     out = []
     for m in _AMOUNT.finditer(text):
         v = float(m.group(1).replace(',', '') + (m.group(2) or '')) * (1000 if m.group(3) else 1)
         out.append((v, bool(_MONEY_BEFORE.search(text[:m.start()]) or _MONEY_AFTER.match(text[m.end():]))))
     return out
+
+# %% ../nbs/01_tasks.ipynb #b5a3df2b
+def plain_zh(text:str) -> str:
+    "Chinese `text` as the checks read it: full-width letters, digits and hyphens as half-width, lower case, no thousands commas, no space beside a Chinese character."
+    s = re.sub(r'[\uff0d\uff10-\uff19\uff21-\uff3a\uff41-\uff5a]', lambda m: chr(ord(m.group()) - 0xfee0), text)  # ＪＮ－５７９
+    s = s.replace('\u3000', ' ').lower()
+    s = re.sub(r'(?<=\d),(?=\d{3}(?!\d))', '', s)
+    s = re.sub(r'\s+', ' ', s).strip()
+    return re.sub(r'(?<=[^\x00-\x7f]) | (?=[^\x00-\x7f])', '', s)
+
+def says_zh(text:str, phrase:str) -> bool:
+    "Whether Chinese `text` holds `phrase`, both read as `plain_zh`; a Latin letter or a digit at an end of the phrase must not run on."
+    p = plain_zh(phrase)
+    if not p: return False
+    before = r'(?<![a-z0-9])(?<!\d\.)' if re.match(r'[a-z0-9]', p) else ''  # not 5米 in 1.5米
+    after = r'(?![a-z0-9]|\.\d)' if re.search(r'[a-z0-9]$', p) else ''
+    return re.search(before + re.escape(p) + after, plain_zh(text)) is not None
 
 # %% ../nbs/01_tasks.ipynb #c65f58a7
 def human_words(lang:str='en', data=None) -> dict:
@@ -498,29 +515,59 @@ def human_words(lang:str='en', data=None) -> dict:
 @functools.lru_cache(maxsize=1)
 def _category_names() -> dict: return {s.id: s.name['en'] for s in subcategories()}
 
+@functools.lru_cache(maxsize=1)
+def _zh_names() -> dict:
+    "Each sub-category's Chinese words by its English ones: its name, brands, features and option values (by axis)."
+    return {s.id: dict(name=s.name['zh'], brands={b['en']: b['zh'] for b in s.brands},
+                       features={f['en']: f['zh'] for f in s.features},
+                       options={(a['name']['en'], v['en']): v['zh'] for a in s.axes for v in a['values']})
+            for s in subcategories()}
+
 def request_problems(t:Task, words:dict) -> list[str]:
-    "The hard facts of task `t` its English request does not state (empty: it states them all); `words` as `human_words`."
-    f, x = t.facts, t.instruction
+    """The hard facts of task `t` its request does not state (empty: it states them all); `words` as `human_words`.
+    An English request names them in the catalog's words, a Chinese one in the Chinese catalog's (`says_zh`)."""
+    f, x, zh = t.facts, t.instruction, _zh_names()[t.facts.category] if t.lang == 'zh' else None
+    says = (lambda ps: any(says_zh(x, p) for p in ps)) if zh else (lambda ps: names_any(x, ps))
     verbatim = lambda v: re.search(rf'(?<![a-z0-9-]){re.escape(v.lower())}(?![a-z0-9-])', x.lower())
-    cat, bad = _category_names()[f.category], []
-    if not names_any(x, [cat, *words['categories'].get(f.category, [])]): bad.append(f'category {cat!r}')
-    bad += [f'{k} {v!r}' for k, v in (('brand', f.brand), ('model', f.model)) if v and not verbatim(v)]
-    amounts = stated_amounts(x)
+    cat, bad = zh['name'] if zh else _category_names()[f.category], []
+    if not says([cat, *words['categories'].get(f.category, [])]): bad.append(f'category {cat!r}')
+    if f.brand and not (verbatim(f.brand) or zh and says_zh(x, zh['brands'][f.brand])): bad.append(f'brand {f.brand!r}')
+    if f.model and not verbatim(f.model): bad.append(f'model {f.model!r}')
+    amounts = stated_amounts(plain_zh(x) if zh else x)
     if f.budget is None and any(money for _, money in amounts): bad.append('money named, but the task has no budget')
     if f.budget is not None:
         if f.budget not in [v for v, _ in amounts]: bad.append(f'budget {f.budget:g}')
         if above := [v for v, money in amounts if money and v > f.budget]: bad.append(f'money above the budget: {above}')
-    bad += [f'feature {k!r}' for k in f.features if not names_any(x, [k, *words['features'].get(k, [])])]
-    bad += [f'option {v!r}' for v in f.options.values() if not names_any(x, [v, *words['options'].get(v, [])])]
+    feature = lambda k: zh['features'][k] if zh else k
+    bad += [f'feature {k!r}' for k in f.features if not says([feature(k), *words['features'].get(k, [])])]
+    option = lambda a, v: zh['options'][a, v] if zh else v
+    bad += [f'option {v!r}' for a, v in f.options.items() if not says([option(a, v), *words['options'].get(v, [])])]
     return bad
+
+# %% ../nbs/01_tasks.ipynb #daad3675
+def listed_word_clashes(t:Task, p:dict, words:dict) -> list[tuple[str, str, str]]:
+    "(value, listed word, value) wherever a word `words` lists for a fact of `t` names a value of product `p` the task does not ask for, or is named by one."
+    said = (lambda x, w: says_zh(x, w)) if t.lang == 'zh' else (lambda x, w: names_any(x, [w]))
+    clash = lambda v, w, others: [(v, w, o) for o in others if said(o, w) or said(w, o)]
+    out, features = [], dict(zip(p['feature_keys'], p['features']))
+    for k in t.facts.features:
+        unwanted = [x for o, x in features.items() if o not in t.facts.features]
+        for w in words['features'].get(k, []): out += clash(features[k], w, unwanted)
+    for a in p['axes'] or []:
+        if (v := t.facts.options.get(a['key'])) is None: continue
+        shown = dict(zip(a['value_keys'], a['values']))
+        for w in words['options'].get(v, []): out += clash(shown[v], w, [x for o, x in shown.items() if o != v])
+    return out
 
 # %% ../nbs/01_tasks.ipynb #fa532f8b
 def request_frame(t:Task) -> list[str]:
-    "The words of `t`'s request with its brand and model as `<name>` and numbers as `<n>`: how it is written, not what it asks."
-    s = t.instruction.lower()
-    for x in (t.facts.brand, t.facts.model):
+    """The words of `t`'s request (of a Chinese one, its characters and Latin words) with its brand and model as `<name>`
+    and numbers as `<n>`: how it is written, not what it asks."""
+    f, zh = t.facts, t.lang == 'zh'
+    s = plain_zh(t.instruction) if zh else t.instruction.lower()
+    for x in (f.brand, f.model, zh and f.brand and _zh_names()[f.category]['brands'][f.brand]):
         if x: s = s.replace(x.lower(), ' <name> ')
-    ws = re.findall(r"<name>|[a-z0-9]+(?:['.,][a-z0-9]+)*", s)
+    ws = re.findall(r"<name>|[a-z0-9]+(?:['.,][a-z0-9]+)*" + (r'|[\u3400-\u9fff]' if zh else ''), s)
     return ['<n>' if re.fullmatch(r'[\d.,]+', w) else w for w in ws]
 
 def wording_variety(tasks:list[Task], n:int=7) -> dict:

@@ -147,16 +147,16 @@ def test_heldout_styles_stay_out_of_training(made, tmp_path):
         wording_styles('en', path=tmp_path/'styles.json')
 
 
-def assert_an_edited_copy_is_refused(tmp_path, catalogs, benchmark:str):
-    "A copy of the data folder whose `benchmark` file has one request changed is refused by loading and by verifying."
-    bad = tmp_path/'data'
+def assert_an_edited_copy_is_refused(tmp_path, catalogs, benchmark:str, lang:str='en'):
+    "A copy of the data folder whose `benchmark` file in `lang` has one request changed is refused by loading and by verifying."
+    bad = tmp_path/f'data-{lang}'
     shutil.copytree(data_dir(), bad)
-    path = bad/benchmark_file('en', benchmark)
+    path = bad/benchmark_file(lang, benchmark)
     path.write_text(path.read_text('utf-8').replace('"instruction": "', '"instruction": "hi, ', 1), 'utf-8')
     with pytest.raises(ValueError, match='the benchmark was modified'):
-        load_benchmark(catalogs['en'], 'en', benchmark, data=bad)
+        load_benchmark(catalogs[lang], lang, benchmark, data=bad)
     with pytest.raises(BenchmarkMismatch):
-        verify_benchmark('en', bad, benchmark)
+        verify_benchmark(lang, bad, benchmark)
 
 
 def test_freeform_benchmark(tmp_path, catalogs):
@@ -187,3 +187,23 @@ def test_human_benchmark(tmp_path, catalogs):
     variety = wording_variety(human)
     assert variety['shared_frames'] == {} and variety['openings'] >= 170
     assert_an_edited_copy_is_refused(tmp_path, catalogs, 'human')
+
+
+def test_human_benchmark_zh(tmp_path, catalogs):
+    """The Chinese human file holds the frozen Chinese tasks in requests written by hand, each stating its facts in the
+    Chinese catalog's words or words listed for them; a request that drops or loosens a fact is caught."""
+    tpl = read_tasks(data_dir()/benchmark_file('zh'))
+    human = read_tasks(data_dir()/benchmark_file('zh', 'human'))
+    assert [(t.task_id, t.facts) for t in human] == [(t.task_id, t.facts) for t in tpl]
+    assert [t.as_dict() for t in human] == [t.as_dict() for t in human_tasks(tpl, human_requests('zh'))]
+    assert {t.wording for t in human} == {'human'} and all(h.instruction != t.instruction for h, t in zip(human, tpl))
+    words = human_words('zh')
+    assert {t.task_id: e for t in human if (e := request_problems(t, words))} == {}
+    litter = human[0]  # '...看中了Fetchley的jn-579，要全封闭的那种...预算最多204元...'
+    assert request_problems(replace(litter, instruction=litter.instruction.replace('jn-579', '')), words) == ["model 'JN-579'"]
+    assert request_problems(replace(litter, instruction=litter.instruction.replace('204', '240')), words) == \
+        ['budget 204', 'money above the budget: [240.0]']
+    assert request_problems(replace(litter, instruction=litter.instruction.replace('猫砂盆', '猫窝')), words) == ["category '猫砂盆'"]
+    variety = wording_variety(human, 10)
+    assert variety['shared_frames'] == {} and variety['openings'] >= 150
+    assert_an_edited_copy_is_refused(tmp_path, catalogs, 'human', 'zh')
