@@ -15,10 +15,10 @@ from .records import sha256_file, package_versions, write_atomic  # standard lib
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_GGUF', 'SMOLLM2_EOS', 'SMOLLM2_PAD', 'SMOLLM2_DIR', 'QWEN_PARTS', 'QWEN_1_5B_PARTS',
            'EMBEDDED_MODELS', 'EMBEDDED_MODEL', 'GPU_MODEL', 'QWEN_TOOL_EXAMPLE', 'MATERIALIZE_RECIPE',
            'CHECKPOINT_FILES', 'BUILD_PACKAGES', 'ASSEMBLE_SH', 'WATCHDOG', 'EmbeddedModel', 'embedded_model',
-           'shopping_grpo_home', 'chat_template_path', 'model_gguf', 'gguf_summary', 'materialized_ok',
-           'materialize_model', 'model_identity', 'load_tokenizer', 'PieceWriter', 'pack_offline', 'vllm_python',
-           'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template', 'stop_group', 'stop_stale', 'launch',
-           'VLLMServer']
+           'shopping_grpo_home', 'chat_template_path', 'model_gguf', 'gguf_summary', 'materialized_ok', 'head_dir',
+           'write_head', 'read_head', 'materialize_model', 'model_identity', 'load_tokenizer', 'PieceWriter',
+           'pack_offline', 'vllm_python', 'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template',
+           'stop_group', 'stop_stale', 'launch', 'VLLMServer']
 
 # %% ../nbs/03a_model.ipynb #0d4c8bab
 @dataclass(frozen=True)
@@ -166,12 +166,12 @@ def gguf_summary(path) -> dict:
                 chat_template=field('tokenizer.chat_template') is not None)
 
 # %% ../nbs/03a_model.ipynb #1e0e7279
-def _dequantized_model(gguf:Path):
-    "The GGUF's weights in a bf16 causal LM whose config comes from the GGUF (non-persistent buffers stay on meta)."
+def _dequantized_model(gguf:Path, cfg=None):
+    "The GGUF's weights in a bf16 causal LM of config `cfg`, by default the GGUF's own (non-persistent buffers stay on meta)."
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cfg = cfg or AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with torch.device('meta'): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
                                    torch_dtype=torch.bfloat16)['tensors']  # each tensor bf16 once dequantized
@@ -226,16 +226,49 @@ def materialized_ok(path, wanted:dict) -> bool:
     return (all(rec.get(k) == v for k, v in wanted.items()) and all((path/f).is_file() for f in CHECKPOINT_FILES)
             and sha256_file(path/'model.safetensors') == rec.get('weights_sha256'))
 
+# %% ../nbs/03a_model.ipynb #a645e692
+def head_dir(gguf:Path) -> Path:
+    "Where the head of `gguf` is kept: `<file>.head/` beside it."
+    return Path(gguf).with_name(Path(gguf).name + '.head')
+
+def _head_record(m:EmbeddedModel) -> dict: return dict(_wanted(m), transformers=package_versions(('transformers',))['transformers'])
+
+def write_head(m:EmbeddedModel, gguf:Path, out:Path|None=None) -> Path:
+    "Read `m`'s config and fixed tokenizer from `gguf` once and write them with `head.json` into `out` (default `head_dir(gguf)`)."
+    from transformers import AutoConfig
+    out = Path(out or head_dir(gguf))
+    cfg = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = _fixed_tokenizer(m, gguf, cfg.max_position_embeddings)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}-', dir=out.parent))
+    try:
+        cfg.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_atomic(tmp/'head.json', json.dumps(_head_record(m), indent=1))
+        if out.exists(): shutil.rmtree(out)
+        tmp.rename(out)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+def read_head(m:EmbeddedModel, gguf:Path) -> tuple|None:
+    "The config and tokenizer of the head beside `gguf` when it was read for `m` as a build would read it now, by this transformers; else None."
+    d = head_dir(gguf)
+    try: rec = json.loads((d/'head.json').read_text())
+    except (OSError, ValueError): return None
+    if rec != _head_record(m): return None
+    from transformers import AutoConfig, AutoTokenizer
+    return AutoConfig.from_pretrained(d), AutoTokenizer.from_pretrained(d)
+
 # %% ../nbs/03a_model.ipynb #d41c1baa
 # the packages whose versions a materialised checkpoint records (with the model's own packages and ours)
 BUILD_PACKAGES = ('torch', 'transformers', 'gguf', 'safetensors', 'tokenizers')
 
 def _build_checkpoint(m:EmbeddedModel, gguf:Path, out:Path, wanted:dict) -> dict:
-    "Write the bf16 checkpoint of `m` from `gguf` into the empty folder `out`; its record."
+    "Write the bf16 checkpoint of `m` from `gguf` (config and tokenizer from its head when there is one) into the empty folder `out`; its record."
     from transformers import GenerationConfig
     t0 = time.time()
-    model = _dequantized_model(gguf)
-    tok = _fixed_tokenizer(m, gguf, model.config.max_position_embeddings)
+    cfg, tok = read_head(m, gguf) or (None, None)
+    model = _dequantized_model(gguf, cfg)
+    tok = tok or _fixed_tokenizer(m, gguf, model.config.max_position_embeddings)
     model.config.eos_token_id, model.config.pad_token_id = tok.eos_token_id, tok.pad_token_id
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=tok.eos_token_id,
                                                pad_token_id=tok.pad_token_id)
@@ -243,7 +276,7 @@ def _build_checkpoint(m:EmbeddedModel, gguf:Path, out:Path, wanted:dict) -> dict
     tok.save_pretrained(out)
     for f in out.iterdir(): f.chmod(0o644)  # safetensors writes 0600; the cache may be shared
     shipped = tuple(p.split('==')[0] for p in m.packages)
-    rec = dict(wanted, source=' '.join(m.packages), dtype='bfloat16',
+    rec = dict(wanted, source=' '.join(m.packages), dtype='bfloat16', head=cfg is not None,
                weights_sha256=sha256_file(out/'model.safetensors'), bytes=sum(f.stat().st_size for f in out.iterdir()),
                versions=package_versions(BUILD_PACKAGES + shipped + ('shopping-grpo',)),
                seconds=round(time.time() - t0, 1), created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
@@ -361,6 +394,9 @@ fi
 if [ "${#MODELS[@]}" -gt 0 ]; then mkdir -p "$GGUF_DIR"; fi
 for m in "${MODELS[@]}"; do
   mv ".assemble/gguf/$m" "$GGUF_DIR/$m"
+  if [ -d ".assemble/gguf/$m.head" ]; then  # its config and tokenizer, read ahead: the build skips reading them
+    rm -rf "$GGUF_DIR/$m.head" && mv ".assemble/gguf/$m.head" "$GGUF_DIR/$m.head"
+  fi
   echo "model at $GGUF_DIR/$m"
 done
 rm -rf .assemble
@@ -368,7 +404,8 @@ rm -rf .assemble
 
 def pack_offline(out, wheels=(), models=(), ggufs=(), piece_mb:float=46.0, home=None, progress:bool=True) -> dict:
     """Pack `wheels` and the GGUF of each of `models` (a name or several; `ggufs`: a file for each, default the embedded
-    model's) into pieces of `piece_mb` MB under `out`, with MANIFEST.json and assemble.sh."""
+    model's; an embedded model's with its head, `write_head`) into pieces of `piece_mb` MB under `out`, with MANIFEST.json
+    and assemble.sh."""
     import shlex, tarfile
     out, wheels = Path(out), [Path(w) for w in wheels]
     models = [models] if isinstance(models, str) else list(models or ())
@@ -387,16 +424,21 @@ def pack_offline(out, wheels=(), models=(), ggufs=(), piece_mb:float=46.0, home=
     out.mkdir(parents=True, exist_ok=True)
     if old := sorted(out.glob('stream.tar.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
+    names = [EMBEDDED_MODELS[m].gguf_name if m in EMBEDDED_MODELS else f'{m}.gguf' for m in models]  # as `model_gguf` looks for it
     stream = PieceWriter(out, 'stream.tar', int(piece_mb*1e6))
-    with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=stream, mode='w|', format=tarfile.PAX_FORMAT) as tar, \
+         tempfile.TemporaryDirectory(prefix='.heads-', dir=out) as heads:
         for w in wheels: tar.add(w, arcname=f'wheels/{w.name}')
-        for m, g in zip(models, ggufs):
-            if progress: print(f"packing {g} as {m}.gguf", file=sys.stderr)
-            tar.add(g, arcname=f'gguf/{m}.gguf')
+        for m, g, name in zip(models, ggufs, names):
+            if progress: print(f"packing {g} as {name}", file=sys.stderr)
+            tar.add(g, arcname=f'gguf/{name}')
+            if m in EMBEDDED_MODELS:
+                if progress: print(f"reading the config and tokenizer of {m} into {name}.head", file=sys.stderr)
+                tar.add(write_head(EMBEDDED_MODELS[m], g, Path(heads)/f'{name}.head'), arcname=f'gguf/{name}.head')
     stream.close()
     files = [dict(file=w.name, bytes=w.stat().st_size, sha256=sha256_file(w)) for w in wheels]
-    model_recs = [dict(name=m, file=f'{m}.gguf', bytes=g.stat().st_size, sha256=sha256_file(g))
-                  for m, g in zip(models, ggufs)]
+    model_recs = [dict(name=m, file=name, bytes=g.stat().st_size, sha256=sha256_file(g), **({'head': f'{name}.head'} if m in EMBEDDED_MODELS else {}))
+                  for m, g, name in zip(models, ggufs, names)]
     manifest = dict(format=2, pieces=stream.pieces, stream=dict(bytes=sum(p['bytes'] for p in stream.pieces),
                     sha256=stream.whole.hexdigest()), wheels=files, models=model_recs,
                     created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))

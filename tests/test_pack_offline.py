@@ -203,3 +203,23 @@ def test_the_verl_stack_resolves_verls_requirements_with_the_hosts_versions_only
     assert 'assemble.sh /tmp/site-verl' in r.output
     bad = CliRunner().invoke(app, ['pack-offline', str(tmp_path/'other'), '--stack', 'nope', '--no-project'])
     assert bad.exit_code == 2 and 'no stack' in bad.output
+
+
+def test_an_embedded_model_travels_with_its_head(tmp_path):
+    """An embedded model arrives under the file name `model_gguf` looks for on the host, with the head (config and
+    fixed tokenizer, read once here) that its build there reads instead of parsing the GGUF for them again."""
+    from shopping_grpo import model as M
+    m = M.EMBEDDED_MODELS['smollm2']
+    out = tmp_path/'pack'
+    r = CliRunner().invoke(app, ['pack-offline', str(out), '--model', 'smollm2', '--piece-mb', '100', '--no-download',
+                                 '--no-project'])
+    assert r.exit_code == 0, r.output
+    man = json.loads((out/'MANIFEST.json').read_text())
+    assert [(x['file'], x['head']) for x in man['models']] == [(m.gguf_name, m.gguf_name + '.head')]
+    assert not list(out.glob('.heads-*'))  # the heads' work folder is gone
+    a = assemble(out, tmp_path/'site', tmp_path/'home')
+    assert a.returncode == 0, a.stderr
+    placed = tmp_path/'home'/'gguf'/m.gguf_name
+    assert M.sha256_file(placed) == m.sha256
+    cfg, tok = M.read_head(m, placed)
+    assert (cfg.model_type, tok.eos_token, tok.pad_token) == ('llama', '<|im_end|>', '<|endoftext|>')
