@@ -4,7 +4,7 @@
 
 # %% ../nbs/03a_model.ipynb #932c569c
 from __future__ import annotations
-import fcntl, hashlib, importlib.util, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import fcntl, functools, hashlib, importlib.util, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,10 +15,10 @@ from .records import sha256_file, package_versions, write_atomic  # standard lib
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_GGUF', 'SMOLLM2_EOS', 'SMOLLM2_PAD', 'SMOLLM2_DIR', 'QWEN_PARTS', 'QWEN_1_5B_PARTS',
            'EMBEDDED_MODELS', 'EMBEDDED_MODEL', 'GPU_MODEL', 'QWEN_TOOL_EXAMPLE', 'MATERIALIZE_RECIPE',
            'CHECKPOINT_FILES', 'BUILD_PACKAGES', 'ASSEMBLE_SH', 'WATCHDOG', 'EmbeddedModel', 'embedded_model',
-           'shopping_grpo_home', 'chat_template_path', 'model_gguf', 'gguf_summary', 'materialized_ok', 'head_dir',
-           'write_head', 'read_head', 'materialize_model', 'model_identity', 'load_tokenizer', 'PieceWriter',
-           'pack_offline', 'vllm_python', 'free_port', 'vllm_has_cuda', 'vllm_command', 'default_chat_template',
-           'stop_group', 'stop_stale', 'launch', 'VLLMServer']
+           'shopping_grpo_home', 'chat_template_path', 'model_gguf', 'gguf_summary', 'weights_sha256',
+           'materialized_ok', 'head_dir', 'write_head', 'read_head', 'materialize_model', 'model_identity',
+           'load_tokenizer', 'PieceWriter', 'pack_offline', 'vllm_python', 'free_port', 'vllm_has_cuda', 'vllm_command',
+           'default_chat_template', 'stop_group', 'stop_stale', 'launch', 'VLLMServer']
 
 # %% ../nbs/03a_model.ipynb #0d4c8bab
 @dataclass(frozen=True)
@@ -218,13 +218,21 @@ def _wanted(m:EmbeddedModel) -> dict:
     return dict(recipe=MATERIALIZE_RECIPE, model=m.name, gguf=m.gguf_name, gguf_sha256=m.sha256,
                 chat_template_sha256=template)
 
+@functools.lru_cache(maxsize=64)
+def _digest(path:str, size:int, mtime_ns:int, inode:int) -> str: return sha256_file(path)
+
+def weights_sha256(path) -> str:
+    "SHA-256 of the weights file `path`, hashed once in a process while its size, modification time and inode stay as they were."
+    st = Path(path).stat()
+    return _digest(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
 def materialized_ok(path, wanted:dict) -> bool:
     "Whether `path` holds a complete checkpoint built from what `wanted` describes, with intact weights."
     path = Path(path)
     try: rec = json.loads((path/'materialized.json').read_text())
     except (OSError, ValueError): return False
     return (all(rec.get(k) == v for k, v in wanted.items()) and all((path/f).is_file() for f in CHECKPOINT_FILES)
-            and sha256_file(path/'model.safetensors') == rec.get('weights_sha256'))
+            and weights_sha256(path/'model.safetensors') == rec.get('weights_sha256'))
 
 # %% ../nbs/03a_model.ipynb #a645e692
 def head_dir(gguf:Path) -> Path:
@@ -309,9 +317,9 @@ def materialize_model(model:str=EMBEDDED_MODEL, home=None, progress:bool=True) -
 # %% ../nbs/03a_model.ipynb #ed53d940
 def _weights_sha256(path:Path) -> str|None:
     files = sorted(path.glob('*.safetensors'))
-    if len(files) == 1: return sha256_file(files[0])
+    if len(files) == 1: return weights_sha256(files[0])
     if not files: return None
-    return hashlib.sha256(''.join(f'{f.name} {sha256_file(f)}\n' for f in files).encode()).hexdigest()
+    return hashlib.sha256(''.join(f'{f.name} {weights_sha256(f)}\n' for f in files).encode()).hexdigest()
 
 def model_identity(model, home=None) -> dict:
     "What `model` (an embedded model's name, a checkpoint folder or a Hub id) is: name, GGUF and weights SHA-256."
