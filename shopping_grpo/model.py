@@ -315,7 +315,7 @@ def materialize_model(model:str=EMBEDDED_MODEL, home=None, progress:bool=True) -
     return dest
 
 # %% ../nbs/03a_model.ipynb #ed53d940
-def _weights_sha256(path:Path) -> str|None:
+def _checkpoint_weights_sha256(path:Path) -> str|None:
     files = sorted(path.glob('*.safetensors'))
     if len(files) == 1: return weights_sha256(files[0])
     if not files: return None
@@ -329,7 +329,7 @@ def model_identity(model, home=None) -> dict:
     try: rec = json.loads((path/'materialized.json').read_text())
     except (OSError, ValueError): rec = {}
     return dict(name=rec.get('model') or str(model), gguf_sha256=rec.get('gguf_sha256'),
-                weights_sha256=_weights_sha256(path))
+                weights_sha256=_checkpoint_weights_sha256(path))
 
 # %% ../nbs/03a_model.ipynb #2450d41f
 def load_tokenizer(model:str=EMBEDDED_MODEL, home=None):

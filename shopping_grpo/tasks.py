@@ -512,36 +512,31 @@ def human_words(lang:str='en', data=None) -> dict:
     "The words listed for the human requests (`categories`, `features`, `options`): `human_words_<lang>.json` of `data`."
     return json.loads((Path(data or data_dir())/f'human_words_{lang}.json').read_text('utf-8'))
 
-@functools.lru_cache(maxsize=1)
-def _category_names() -> dict: return {s.id: s.name['en'] for s in subcategories()}
-
-@functools.lru_cache(maxsize=1)
-def _zh_names() -> dict:
-    "Each sub-category's Chinese words by its English ones: its name, brands, features and option values (by axis)."
-    return {s.id: dict(name=s.name['zh'], brands={b['en']: b['zh'] for b in s.brands},
-                       features={f['en']: f['zh'] for f in s.features},
-                       options={(a['name']['en'], v['en']): v['zh'] for a in s.axes for v in a['values']})
+@functools.lru_cache(maxsize=2)
+def _catalog_words(lang:str) -> dict:
+    "Each sub-category's words in `lang` by their English ones: its name, brands, features and option values (by axis)."
+    return {s.id: dict(name=s.name[lang], brands={b['en']: b[lang] for b in s.brands},
+                       features={f['en']: f[lang] for f in s.features},
+                       options={(a['name']['en'], v['en']): v[lang] for a in s.axes for v in a['values']})
             for s in subcategories()}
 
 def request_problems(t:Task, words:dict) -> list[str]:
     """The hard facts of task `t` its request does not state (empty: it states them all); `words` as `human_words`.
     An English request names them in the catalog's words, a Chinese one in the Chinese catalog's (`says_zh`)."""
-    f, x, zh = t.facts, t.instruction, _zh_names()[t.facts.category] if t.lang == 'zh' else None
+    f, x, zh, n = t.facts, t.instruction, t.lang == 'zh', _catalog_words(t.lang)[t.facts.category]
     says = (lambda ps: any(says_zh(x, p) for p in ps)) if zh else (lambda ps: names_any(x, ps))
     verbatim = lambda v: re.search(rf'(?<![a-z0-9-]){re.escape(v.lower())}(?![a-z0-9-])', x.lower())
-    cat, bad = zh['name'] if zh else _category_names()[f.category], []
+    cat, bad = n['name'], []
     if not says([cat, *words['categories'].get(f.category, [])]): bad.append(f'category {cat!r}')
-    if f.brand and not (verbatim(f.brand) or zh and says_zh(x, zh['brands'][f.brand])): bad.append(f'brand {f.brand!r}')
+    if f.brand and not (verbatim(f.brand) or zh and says_zh(x, n['brands'][f.brand])): bad.append(f'brand {f.brand!r}')
     if f.model and not verbatim(f.model): bad.append(f'model {f.model!r}')
     amounts = stated_amounts(plain_zh(x) if zh else x)
     if f.budget is None and any(money for _, money in amounts): bad.append('money named, but the task has no budget')
     if f.budget is not None:
         if f.budget not in [v for v, _ in amounts]: bad.append(f'budget {f.budget:g}')
         if above := [v for v, money in amounts if money and v > f.budget]: bad.append(f'money above the budget: {above}')
-    feature = lambda k: zh['features'][k] if zh else k
-    bad += [f'feature {k!r}' for k in f.features if not says([feature(k), *words['features'].get(k, [])])]
-    option = lambda a, v: zh['options'][a, v] if zh else v
-    bad += [f'option {v!r}' for a, v in f.options.items() if not says([option(a, v), *words['options'].get(v, [])])]
+    bad += [f'feature {k!r}' for k in f.features if not says([n['features'][k], *words['features'].get(k, [])])]
+    bad += [f'option {v!r}' for a, v in f.options.items() if not says([n['options'][a, v], *words['options'].get(v, [])])]
     return bad
 
 # %% ../nbs/01_tasks.ipynb #daad3675
@@ -565,7 +560,7 @@ def request_frame(t:Task) -> list[str]:
     and numbers as `<n>`: how it is written, not what it asks."""
     f, zh = t.facts, t.lang == 'zh'
     s = plain_zh(t.instruction) if zh else t.instruction.lower()
-    for x in (f.brand, f.model, zh and f.brand and _zh_names()[f.category]['brands'][f.brand]):
+    for x in (f.brand, f.model, zh and f.brand and _catalog_words('zh')[f.category]['brands'][f.brand]):
         if x: s = s.replace(x.lower(), ' <name> ')
     ws = re.findall(r"<name>|[a-z0-9]+(?:['.,][a-z0-9]+)*" + (r'|[\u3400-\u9fff]' if zh else ''), s)
     return ['<n>' if re.fullmatch(r'[\d.,]+', w) else w for w in ws]

@@ -172,15 +172,22 @@ def test_freeform_benchmark(tmp_path, catalogs):
         load_benchmark(catalogs['en'], 'en', 'freeform')
 
 
+def checked_human_benchmark(lang:str):
+    """The frozen human benchmark of `lang` and its listed words, checked: the template's tasks (ids and facts), made from
+    the requests written by hand, none the template's request, each stating its facts."""
+    tpl = read_tasks(data_dir()/benchmark_file(lang))
+    human = read_tasks(data_dir()/benchmark_file(lang, 'human'))
+    assert [(t.task_id, t.facts) for t in human] == [(t.task_id, t.facts) for t in tpl]
+    assert [t.as_dict() for t in human] == [t.as_dict() for t in human_tasks(tpl, human_requests(lang))]
+    assert {t.wording for t in human} == {'human'} and all(h.instruction != t.instruction for h, t in zip(human, tpl))
+    words = human_words(lang)
+    assert {t.task_id: e for t in human if (e := request_problems(t, words))} == {}
+    return human, words
+
+
 def test_human_benchmark(tmp_path, catalogs):
     "The human file holds the frozen tasks (same ids and facts) in the requests written by hand, each stating its facts."
-    tpl = read_tasks(data_dir()/benchmark_file('en'))
-    human = read_tasks(data_dir()/benchmark_file('en', 'human'))
-    assert [(t.task_id, t.facts) for t in human] == [(t.task_id, t.facts) for t in tpl]
-    assert [t.as_dict() for t in human] == [t.as_dict() for t in human_tasks(tpl, human_requests('en'))]
-    assert {t.wording for t in human} == {'human'} and all(h.instruction != t.instruction for h, t in zip(human, tpl))
-    words = human_words('en')
-    assert {t.task_id: e for t in human if (e := request_problems(t, words))} == {}
+    human, words = checked_human_benchmark('en')
     shoe = human[1]  # 'need loomera AE-937 running shoes in pink, size 42. ...'
     assert request_problems(replace(shoe, instruction=shoe.instruction.replace('AE-937 ', '')), words) == ["model 'AE-937'"]
     assert request_problems(replace(shoe, instruction=shoe.instruction.replace('pink', 'red')), words) == ["option 'pink'"]
@@ -192,13 +199,7 @@ def test_human_benchmark(tmp_path, catalogs):
 def test_human_benchmark_zh(tmp_path, catalogs):
     """The Chinese human file holds the frozen Chinese tasks in requests written by hand, each stating its facts in the
     Chinese catalog's words or words listed for them; a request that drops or loosens a fact is caught."""
-    tpl = read_tasks(data_dir()/benchmark_file('zh'))
-    human = read_tasks(data_dir()/benchmark_file('zh', 'human'))
-    assert [(t.task_id, t.facts) for t in human] == [(t.task_id, t.facts) for t in tpl]
-    assert [t.as_dict() for t in human] == [t.as_dict() for t in human_tasks(tpl, human_requests('zh'))]
-    assert {t.wording for t in human} == {'human'} and all(h.instruction != t.instruction for h, t in zip(human, tpl))
-    words = human_words('zh')
-    assert {t.task_id: e for t in human if (e := request_problems(t, words))} == {}
+    human, words = checked_human_benchmark('zh')
     litter = human[0]  # '...看中了Fetchley的jn-579，要全封闭的那种...预算最多204元...'
     assert request_problems(replace(litter, instruction=litter.instruction.replace('jn-579', '')), words) == ["model 'JN-579'"]
     assert request_problems(replace(litter, instruction=litter.instruction.replace('204', '240')), words) == \
