@@ -522,9 +522,11 @@ def _catalog_words(lang:str) -> dict:
 
 def request_problems(t:Task, words:dict) -> list[str]:
     """The hard facts of task `t` its request does not state (empty: it states them all); `words` as `human_words`.
-    An English request names them in the catalog's words, a Chinese one in the Chinese catalog's (`says_zh`)."""
+    An English request names them in the catalog's words, a Chinese one in the Chinese catalog's (`says_zh`); an option
+    value named only inside a longer value of its axis ("large" in "extra large", 大号 in 加大号) is not named."""
     f, x, zh, n = t.facts, t.instruction, t.lang == 'zh', _catalog_words(t.lang)[t.facts.category]
-    says = (lambda ps: any(says_zh(x, p) for p in ps)) if zh else (lambda ps: names_any(x, ps))
+    said = (lambda y, ps: any(says_zh(y, p) for p in ps)) if zh else names_any
+    says = lambda ps: said(x, ps)
     verbatim = lambda v: re.search(rf'(?<![a-z0-9-]){re.escape(v.lower())}(?![a-z0-9-])', x.lower())
     cat, bad = n['name'], []
     if not says([cat, *words['categories'].get(f.category, [])]): bad.append(f'category {cat!r}')
@@ -536,7 +538,12 @@ def request_problems(t:Task, words:dict) -> list[str]:
         if f.budget not in [v for v, _ in amounts]: bad.append(f'budget {f.budget:g}')
         if above := [v for v, money in amounts if money and v > f.budget]: bad.append(f'money above the budget: {above}')
     bad += [f'feature {k!r}' for k in f.features if not says([n['features'][k], *words['features'].get(k, [])])]
-    bad += [f'option {v!r}' for a, v in f.options.items() if not says([n['options'][a, v], *words['options'].get(v, [])])]
+    def apart(a:str, v:str) -> str:  # the request without the longer values of axis `a` that hold `v`'s word ('extra large' for 'large')
+        y, mine = x, n['options'][a, v]
+        for w in sorted((w for (b, u), w in n['options'].items() if b == a and u != v and w != mine and said(w, [mine])), key=len, reverse=True):
+            y = re.sub(re.escape(w), ' | ', y, flags=re.I)
+        return y
+    bad += [f'option {v!r}' for a, v in f.options.items() if not said(apart(a, v), [n['options'][a, v], *words['options'].get(v, [])])]
     return bad
 
 # %% ../nbs/01_tasks.ipynb #daad3675

@@ -202,6 +202,8 @@ def test_human_benchmark_zh(tmp_path, catalogs):
     human, words = checked_human_benchmark('zh')
     litter = human[0]  # '...看中了Fetchley的jn-579，要全封闭的那种...预算最多204元...'
     assert request_problems(replace(litter, instruction=litter.instruction.replace('jn-579', '')), words) == ["model 'JN-579'"]
+    pillow = human[89]  # '...枕头，大号，一对装...': 大号 only inside 加大号 does not name it
+    assert request_problems(replace(pillow, instruction=pillow.instruction.replace('大号', '加大号')), words) == ["option 'large'"]
     assert request_problems(replace(litter, instruction=litter.instruction.replace('204', '240')), words) == \
         ['budget 204', 'money above the budget: [240.0]']
     assert request_problems(replace(litter, instruction=litter.instruction.replace('猫砂盆', '猫窝')), words) == ["category '猫砂盆'"]
