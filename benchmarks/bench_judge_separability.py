@@ -22,6 +22,8 @@ def main():
     ap.add_argument('--per-truth', type=int, default=20, help='questions of each kind and truth (met, unmet) in the sample')
     ap.add_argument('--seed', type=int, default=0); ap.add_argument('--rows', type=int, default=16)
     ap.add_argument('--workers', type=int, default=16, help='questions in flight (the endpoint batches them)')
+    ap.add_argument('--price-check-line', action='store_true', help="ask budget questions with price_check's computed line")
+    ap.add_argument('--kinds', default=None, help='comma-separated requirement kinds to ask (default: every kind)')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     from shopping_grpo.judge import (ANSWERS, KINDS, evidence_questions, model_dirs, purchased_asin, question_messages,
@@ -36,12 +38,13 @@ def main():
         for k, e in sorted(stored.items()):
             if e['status'] != 'judged' or not purchased_asin(recs[k]): continue
             truth = requirement_truth(recs[k], rubrics[k])
-            for q in evidence_questions(recs[k], rubrics[k]) or []:
+            for q in evidence_questions(recs[k], rubrics[k], a.price_check_line) or []:
                 if truth[q.requirement] is not None and q.requirement in e['answers']:
                     groups.setdefault((q.kind, truth[q.requirement]), []).append((q, e['answers'][q.requirement]))
         run_judges |= {e['judge']['model'] for e in stored.values()}
     rng = random.Random(a.seed)
     sample = {g: rng.sample(xs, min(a.per_truth, len(xs))) for g, xs in sorted(groups.items())}
+    if a.kinds: sample = {g: xs for g, xs in sample.items() if g[0] in a.kinds.split(',')}  # drawn as for every kind
     judge = LocalEndpoint(a.model, rows=a.rows, device=a.device)
     words = [ANSWERS[v] for v in ('met', 'unmet', 'unclear')]
     asked = [(g, q, ref) for g, xs in sample.items() for q, ref in xs]
@@ -60,7 +63,7 @@ def main():
         print(k, json.dumps(kinds[k]), file=sys.stderr)
     pooled = [(yes_share(dict(zip(('met', 'unmet', 'unclear'), p))), g[1]) for (g, _, _), p in zip(asked, probs)]
     out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=', '.join(sorted(run_judges)),
-               per_truth=a.per_truth, seed=a.seed, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
+               per_truth=a.per_truth, seed=a.seed, kinds_asked=a.kinds or 'all', price_check_line=a.price_check_line, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
                auc=ranking_auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
                machine=platform.machine(), processor=platform.processor() or None)
     print(json.dumps({k: v for k, v in out.items() if k != 'available'}, indent=1))

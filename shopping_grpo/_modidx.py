@@ -579,6 +579,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.judge.panel_reward': ('judge.html#panel_reward', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.panel_rubric': ('judge.html#panel_rubric', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.plant_sentinels': ('judge.html#plant_sentinels', 'shopping_grpo/judge.py'),
+                                     'shopping_grpo.judge.price_check': ('judge.html#price_check', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.prompt_leaks': ('judge.html#prompt_leaks', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.prompt_sha256': ('judge.html#prompt_sha256', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.purchase_evidence': ('judge.html#purchase_evidence', 'shopping_grpo/judge.py'),

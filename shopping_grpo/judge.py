@@ -36,12 +36,12 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'cohen_kappa', 'buy_event', 'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures',
            'judge_agreement', 'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement',
            'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine',
-           'page_lines', 'purchase_evidence', 'Question', 'evidence_questions', 'question_messages', 'teaching_answer',
-           'worked_examples', 'examples_for', 'yes_share', 'Calibration', 'fit_calibration', 'answer_mass',
-           'evidence_sha256', 'evidence_record', 'evidence_judgment', 'calibration_trajectories', 'read_calibration',
-           'calibrate_judge', 'agreement_table', 'current_evidence', 'evidence_judgments', 'judge_evidence',
-           'known_mode', 'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement', 'run_judges',
-           'ranking_auc']
+           'page_lines', 'purchase_evidence', 'Question', 'price_check', 'evidence_questions', 'question_messages',
+           'teaching_answer', 'worked_examples', 'examples_for', 'yes_share', 'Calibration', 'fit_calibration',
+           'answer_mass', 'evidence_sha256', 'evidence_record', 'evidence_judgment', 'calibration_trajectories',
+           'read_calibration', 'calibrate_judge', 'agreement_table', 'current_evidence', 'evidence_judgments',
+           'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement',
+           'run_judges', 'ranking_auc']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -1013,6 +1013,7 @@ def prompt_leaks(msgs:list[dict], rec:dict, task:Task|None=None) -> list[tuple[s
     no_rubric = re.sub(r'^Rubric:\n.*?(?=\n\nCounts: )', '', user, flags=re.M | re.S)
     rest = re.sub(r'^Counts: .*$', '', no_rubric, flags=re.M)  # the counts: whitelisted numbers of visible events
     rest = re.sub(r'^Requirement: .*$', '', rest, flags=re.M)  # an evidence question states it, as a rubric does
+    rest = re.sub(r'^\[price check\] .*$', '', rest, flags=re.M)  # the requirement's bound against a price the agent saw
     seen = rec.get('instruction', '') + '\n' + _texts(rec.get('messages', []))
     out = []
     def hit(kind:str, what:str, where:str, m:re.Match):
@@ -1158,14 +1159,27 @@ class Question:
     @property
     def events(self) -> list[str]: return list(dict.fromkeys(l.event for l in self.lines))
 
+# %% ../nbs/08_judge.ipynb #5d93a881
+_PRICE, _BOUND = re.compile(r'\bprice ([\d.]+) \(selected variant\)'), re.compile(r'\bat most ([\d.]+) yuan')
+
+def price_check(lines:list[EvidenceLine], requirement:str) -> EvidenceLine|None:
+    "The chosen variant's price on `lines` set against the bound of budget `requirement`, computed; None unless both are there."
+    about = next((l for l in lines if l.source == 'about' and _PRICE.search(l.text)), None)
+    if about is None or not (bound := _BOUND.search(requirement)): return None
+    (p, ps), (b, bs) = ((float(m[1]), m[1]) for m in (_PRICE.search(about.text), bound))  # numbers as written there
+    side = f'{b - p:.1f} yuan below' if p < b else 'equal to' if p == b else f'{p - b:.1f} yuan above'
+    return EvidenceLine('price check', f'{ps} yuan for the chosen variant, {side} the bound of {bs} yuan', about.event)
+
 # %% ../nbs/08_judge.ipynb #24dd5a75
-def evidence_questions(rec:dict, rubric:Rubric) -> list[Question]|None:
-    "One question per requirement of `rubric` on what `rec` saw of the product it bought; None when it bought nothing."
+def evidence_questions(rec:dict, rubric:Rubric, price_check_line:bool=False) -> list[Question]|None:
+    """One question per requirement of `rubric` on what `rec` saw of the product it bought; None when it bought nothing.
+    `price_check_line` adds `price_check`'s line to a budget question."""
     if (lines := purchase_evidence(rec)) is None: return None
     out = []
     for r in rubric.requirements:
         kinds = {s.split(':')[0] for s in r.sources} | {r.kind}
         shown = [l for l in lines if l.source in {x for k in kinds for x in EVIDENCE_SOURCES.get(k, ('title',))}]
+        if price_check_line and r.kind == 'budget' and (check := price_check(shown, r.text)): shown.append(check)
         said = quoted(rec['instruction'], r.quote) and not quoted(r.text, r.quote)
         head = f"Requirement: {r.text}" + (f' (the request says: "{r.quote}")' if said else '')
         seen = '\n'.join(f'[{l.source}] {l.text}' for l in shown)
