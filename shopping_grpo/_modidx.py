@@ -13,6 +13,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli._without': ('cli.html#_without', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.carried_files': ('cli.html#carried_files', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.code_digest': ('cli.html#code_digest', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.committed_inputs': ('cli.html#committed_inputs', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.docs_command': ('cli.html#docs_command', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.download_wheels': ('cli.html#download_wheels', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.finished_after': ('cli.html#finished_after', 'shopping_grpo/cli.py'),

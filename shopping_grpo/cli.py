@@ -19,11 +19,12 @@ __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_O
            'PUBLISH_MAX_MB', 'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
            'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters',
            'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage',
-           'finished_after', 'stage_keys', 'thread_env', 'pipeline', 'carried_files', 'pack_run', 'remake_merged',
-           'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run', 'restore_adapter',
-           'publish_run_command', 'seed_run', 'seed_run_command', 'serve_model', 'requirement_name', 'read_pins',
-           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
+           'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline', 'carried_files', 'pack_run',
+           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
+           'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command', 'serve_model', 'requirement_name',
+           'read_pins', 'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs',
+           'platform_tags', 'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command',
+           'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -128,6 +129,15 @@ def thread_env(cpu_threads:int, env:dict|None=None) -> dict:
     env = dict(os.environ if env is None else env)
     return env | {v: str(cpu_threads) for v in THREAD_VARS} if cpu_threads else env
 
+# %% ../nbs/99_cli.ipynb #1fa753c1
+import re
+_COMMITTED = re.compile(r"""['"]\.\./(outputs/(?:reference|history)/[^'"{}\s]*)['"]""")
+
+def committed_inputs(stage:str) -> list[str]:
+    "The committed files and folders under outputs/reference and outputs/history that stage notebook `stage` names, from the root."
+    cells = json.loads((ROOT/'nbs'/f'{stage}.ipynb').read_text(encoding='utf-8'))['cells']
+    return sorted({m for c in cells if c['cell_type'] == 'code' for m in _COMMITTED.findall(''.join(c['source']))})
+
 # %% ../nbs/99_cli.ipynb #383e49ed
 @app.command()
 def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (smoke, h200, paper) or a YAML path'),
@@ -144,6 +154,9 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     names, t_all = stages.split(','), time.time()
     if bad := [st for st in names if not (ROOT/'nbs'/f'{st}.ipynb').exists()]:
         raise typer.BadParameter(f"no stage notebook {bad}; stages: {', '.join(STAGES)}")
+    if missing := [p for st in names for p in committed_inputs(st) if not (ROOT/p).exists()]:
+        raise typer.BadParameter(f"the stage notebooks read committed files this checkout lacks: {', '.join(missing[:4])}"
+                                 f"{' ...' if len(missing) > 4 else ''}; run from a whole checkout")
     keys = stage_keys(names, prof)
     for i, st in enumerate(names, 1):
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()

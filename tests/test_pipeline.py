@@ -47,6 +47,16 @@ def test_unknown_stage_is_refused_before_anything_runs(tmp_path):
     assert r.returncode != 0 and 'no stage notebook' in r.stderr and not (tmp_path/'run'/'pipeline.json').exists()
 
 
+def test_a_checkout_without_a_committed_input_is_refused_before_anything_runs(tmp_path):
+    "A stage that reads a committed file the checkout lacks stops the pipeline before its first stage, not inside that stage."
+    lacking = ("import shopping_grpo.cli as c; "
+               "c.committed_inputs = lambda st: ['outputs/reference/gone/collect/audit.json'] if st == '04_collect' else []; c.app()")
+    r = subprocess.run([sys.executable, '-c', lacking, 'pipeline', '--run', str(tmp_path/'run'), '--stages', '00_env,04_collect'],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode != 0 and 'outputs/reference/gone/collect/audit.json' in r.stderr
+    assert not (tmp_path/'run'/'pipeline.json').exists()
+
+
 def test_cpu_threads_cap_the_stage_kernels_and_the_ledger_says_so(tmp_path):
     prof = tmp_path/'tiny.yaml'; run = tmp_path/'run'
     prof.write_text("n_products: 1500\nseed: 0\nlang: en\n")
