@@ -59,14 +59,16 @@ def main():
         if not rows: continue
         kinds[k] = dict(questions=len(rows), unmet=sum(not t for _, t, _ in rows),
                         auc=ranking_auc([(yes_share(p), t) for p, t, _ in rows]),
-                        auc_run_judge=ranking_auc([(yes_share(ref), t) for _, t, ref in rows]))
-        print(k, json.dumps(kinds[k]), file=sys.stderr)
+                        auc_run_judge=ranking_auc([(yes_share(ref), t) for _, t, ref in rows]),
+                        asked=[[round(yes_share(p), 4), t] for p, t, _ in rows])  # per question, in the sample's order: (yes share, truth)
+        print(k, json.dumps({x: v for x, v in kinds[k].items() if x != "asked"}), file=sys.stderr)
     pooled = [(yes_share(dict(zip(('met', 'unmet', 'unclear'), p))), g[1]) for (g, _, _), p in zip(asked, probs)]
     out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=', '.join(sorted(run_judges)),
                per_truth=a.per_truth, seed=a.seed, kinds_asked=a.kinds or 'all', price_check_line=a.price_check_line, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
                auc=ranking_auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
                machine=platform.machine(), processor=platform.processor() or None)
-    print(json.dumps({k: v for k, v in out.items() if k != 'available'}, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != 'available'} | {'kinds': {k: {x: v for x, v in d.items() if x != 'asked'}
+                                                                                 for k, d in kinds.items()}}, indent=1))
     if a.out: Path(a.out).write_text(json.dumps(out, indent=1) + '\n')
 
 
