@@ -1164,9 +1164,9 @@ _PRICE, _BOUND = re.compile(r'\bprice ([\d.]+) \(selected variant\)'), re.compil
 
 def price_check(lines:list[EvidenceLine], requirement:str) -> EvidenceLine|None:
     "The chosen variant's price on `lines` set against the bound of budget `requirement`, computed; None unless both are there."
-    about = next((l for l in lines if l.source == 'about' and _PRICE.search(l.text)), None)
+    about, price = next(((l, m) for l in lines if l.source == 'about' and (m := _PRICE.search(l.text))), (None, None))
     if about is None or not (bound := _BOUND.search(requirement)): return None
-    (p, ps), (b, bs) = ((float(m[1]), m[1]) for m in (_PRICE.search(about.text), bound))  # numbers as written there
+    (p, ps), (b, bs) = ((float(m[1]), m[1]) for m in (price, bound))  # numbers as written there
     side = f'{b - p:.1f} yuan below' if p < b else 'equal to' if p == b else f'{p - b:.1f} yuan above'
     return EvidenceLine('price check', f'{ps} yuan for the chosen variant, {side} the bound of {bs} yuan', about.event)
 
