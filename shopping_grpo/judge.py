@@ -1180,10 +1180,8 @@ def evidence_questions(rec:dict, rubric:Rubric, price_check_line:bool=False) -> 
         kinds = {s.split(':')[0] for s in r.sources} | {r.kind}
         shown = [l for l in lines if l.source in {x for k in kinds for x in EVIDENCE_SOURCES.get(k, ('title',))}]
         if price_check_line and r.kind == 'budget' and (check := price_check(shown, r.text)): shown.append(check)
-        said = quoted(rec['instruction'], r.quote) and not quoted(r.text, r.quote)
-        head = f"Requirement: {r.text}" + (f' (the request says: "{r.quote}")' if said else '')
         seen = '\n'.join(f'[{l.source}] {l.text}' for l in shown)
-        text = f"{head}\nWhat the agent saw of the product it bought:\n{seen}"
+        text = f"Requirement: {r.text}\nWhat the agent saw of the product it bought:\n{seen}"
         out.append(Question(rec['task_id'], r.id, r.kind, r.quote, text, shown))
     return out
 
