@@ -484,14 +484,14 @@ _SCORE_RULES = (
     "Answer with one JSON object and nothing else:\n")
 _VERDICTS_EXAMPLE = ('"requirements": {{"R1": {{"verdict": "met", "events": ["e0003"]}}, '
                      '"R2": {{"verdict": "unclear", "events": ["e0005"]}}}}, ')
-_SCORES_EXAMPLE = '"scores": {{{score_keys}}}, "error_category": "none", "summary": "one or two sentences"}}'
+_SCORES_EXAMPLE = '"error_category": "none", "summary": "one or two sentences", "scores": {{{score_keys}}}}}'
 JUDGE_PROMPT = _INTRO + _VERDICT_RULES + _SCORE_RULES + '{{' + _VERDICTS_EXAMPLE + _SCORES_EXAMPLE
 SCORES_PROMPT = _INTRO + _SCORE_RULES + '{{' + _SCORES_EXAMPLE  # the requirements are judged elsewhere
 
 def judge_system_prompt(verdicts:bool=True) -> str:
     "The judge's system prompt, with the score dimensions and error categories filled in: JUDGE_PROMPT, or without verdicts SCORES_PROMPT."
     listing = lambda d: '\n'.join(f'- {k}: {v}' for k, v in d.items())
-    score_keys = ', '.join(f'"{k}": 0' for k in SCORES)
+    score_keys = ', '.join(f'"{k}": <0, 1 or 2>' for k in SCORES)  # the shape only: a value here is what a greedy judge copies
     return (JUDGE_PROMPT if verdicts else SCORES_PROMPT).format(scores=listing(SCORES), errors=listing(ERRORS), score_keys=score_keys)
 
 # %% ../nbs/08_judge.ipynb #b0f3f7ec
@@ -570,9 +570,9 @@ def judgment_schema(rubric:Rubric, events:list[str], max_cited:int=3, verdicts:b
     verdict = obj(['verdict', 'events'], verdict=dict(type='string', enum=list(VERDICTS)), events=cited)
     ids = [r.id for r in rubric.requirements]
     asked = dict(requirements=obj(ids, **{k: verdict for k in ids})) if verdicts else {}
-    return obj([*asked, 'scores', 'error_category', 'summary'], **asked,
-               scores=obj(list(SCORES), **{k: dict(type='integer', enum=[0, 1, 2]) for k in SCORES}),
-               error_category=dict(type='string', enum=list(ERRORS)), summary=dict(type='string', maxLength=400))
+    return obj([*asked, 'error_category', 'summary', 'scores'], **asked,
+               error_category=dict(type='string', enum=list(ERRORS)), summary=dict(type='string', maxLength=400),
+               scores=obj(list(SCORES), **{k: dict(type='integer', enum=[0, 1, 2]) for k in SCORES}))
 
 # %% ../nbs/08_judge.ipynb #7e553ae7
 JUDGMENT_VERSION = 1
