@@ -37,6 +37,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.remake_merged': ('cli.html#remake_merged', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.requirement_name': ('cli.html#requirement_name', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.restore_adapter': ('cli.html#restore_adapter', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.seed_eval': ('cli.html#seed_eval', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.seed_eval_command': ('cli.html#seed_eval_command', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.seed_run': ('cli.html#seed_run', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.seed_run_command': ('cli.html#seed_run_command', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.serve_env': ('cli.html#serve_env', 'shopping_grpo/cli.py'),

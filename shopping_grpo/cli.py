@@ -16,15 +16,15 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
 
 # %% auto #0
 __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS',
-           'PUBLISH_MAX_MB', 'GZIP_OVER', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS', 'NO_DEPS_PACKAGES',
-           'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile', 'stage_parameters',
-           'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name', 'record_stage',
-           'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline', 'carried_files', 'pack_run',
-           'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
-           'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command', 'serve_model', 'requirement_name',
-           'read_pins', 'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs',
-           'platform_tags', 'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command',
-           'readme_command']
+           'PUBLISH_MAX_MB', 'GZIP_OVER', 'EVAL_SEEDED', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS',
+           'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile',
+           'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
+           'record_stage', 'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline',
+           'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command',
+           'published_files', 'publish_run', 'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command',
+           'seed_eval', 'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
+           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
+           'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -490,6 +490,36 @@ def seed_run_command(published:str=typer.Argument(..., help='a published run, e.
     "Start a run from a published one: its adapters joined and merged again, for the stages after them (pipeline --stages)."
     made = seed_run(published, run, tuple(a for a in adapters.split(',') if a) or None)
     typer.echo(f"merged {', '.join(str(m) for m in made)}; next: shopping-grpo pipeline --run {run} --stages <the stages after them>", err=True)
+
+# %% ../nbs/99_cli.ipynb #37589784
+EVAL_SEEDED = ('trajectories.jsonl', 'checks.jsonl', 'summary.json', 'run.json')  # what judging a model folder starts from
+
+def seed_eval(published, run_dir, models:list[str]|None=None) -> list[Path]:
+    "Copy `models` (None: every template-benchmark model folder) of `published`'s eval/ into `run_dir/eval/`, no judgments; the folders."
+    import gzip, shutil
+    from shopping_grpo.records import write_atomic
+    src, out = Path(published)/'eval', Path(run_dir)/'eval'
+    held = lambda m: any((src/m/f'trajectories.jsonl{z}').exists() for z in ('', '.gz'))
+    have = sorted(p.name for p in src.iterdir() if p.is_dir() and held(p.name)) if src.is_dir() else []
+    models = [m for m in have if '@' not in m] if models is None else list(models)
+    if bad := [m for m in models if m not in have]:
+        raise ValueError(f"{published} holds no evaluated model {bad[0]!r}; it has {', '.join(have) or 'none'}")
+    for m in models:
+        (out/m).mkdir(parents=True, exist_ok=True)
+        for f in EVAL_SEEDED:
+            if (src/m/f).exists(): shutil.copyfile(src/m/f, out/m/f)
+            elif (src/m/f'{f}.gz').exists(): write_atomic(out/m/f, gzip.decompress((src/m/f'{f}.gz').read_bytes()))
+    return [out/m for m in models]
+
+@app.command('seed-eval')
+def seed_eval_command(published:str=typer.Argument(..., help='a published run, e.g. outputs/reference/h200'),
+                      run:str=typer.Argument(..., help='the run folder whose eval/ receives the model folders'),
+                      models:str=typer.Option('', help='model folders under eval/, comma-separated; empty: every template-benchmark one')):
+    "Start a run's eval/ from a published run's model folders (trajectories, checks, summaries; no judgments), to judge them again."
+    try: made = seed_eval(published, run, [m for m in models.split(',') if m] or None)
+    except ValueError as e: raise typer.BadParameter(str(e)) from None
+    typer.echo(f"{', '.join(m.name for m in made)} in {Path(run)/'eval'}; next: shopping-grpo pipeline --profile <a judge profile> "
+               f"--run {run} --stages 08_judge", err=True)
 
 # %% ../nbs/99_cli.ipynb #1cba703d
 @app.command('serve-model')
