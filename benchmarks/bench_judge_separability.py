@@ -14,6 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
+def brief(kind:dict) -> dict:
+    "A kind's figures without its per-question answers, as printed."
+    return {x: v for x, v in kind.items() if x != 'asked'}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--run', default='outputs/reference/h200', help='a published run with eval/<model>/evidence.jsonl.gz')
@@ -61,14 +66,13 @@ def main():
                         auc=ranking_auc([(yes_share(p), t) for p, t, _ in rows]),
                         auc_run_judge=ranking_auc([(yes_share(ref), t) for _, t, ref in rows]),
                         asked=[[round(yes_share(p), 4), t] for p, t, _ in rows])  # per question, in the sample's order: (yes share, truth)
-        print(k, json.dumps({x: v for x, v in kinds[k].items() if x != "asked"}), file=sys.stderr)
+        print(k, json.dumps(brief(kinds[k])), file=sys.stderr)
     pooled = [(yes_share(dict(zip(('met', 'unmet', 'unclear'), p))), g[1]) for (g, _, _), p in zip(asked, probs)]
     out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=', '.join(sorted(run_judges)),
                per_truth=a.per_truth, seed=a.seed, kinds_asked=a.kinds or 'all', price_check_line=a.price_check_line, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
                auc=ranking_auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
                machine=platform.machine(), processor=platform.processor() or None)
-    print(json.dumps({k: v for k, v in out.items() if k != 'available'} | {'kinds': {k: {x: v for x, v in d.items() if x != 'asked'}
-                                                                                 for k, d in kinds.items()}}, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != 'available'} | {'kinds': {k: brief(d) for k, d in kinds.items()}}, indent=1))
     if a.out: Path(a.out).write_text(json.dumps(out, indent=1) + '\n')
 
 

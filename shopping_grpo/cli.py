@@ -497,11 +497,11 @@ EVAL_SEEDED = ('trajectories.jsonl', 'checks.jsonl', 'summary.json', 'run.json')
 def seed_eval(published, run_dir, models:list[str]|None=None) -> list[Path]:
     "Copy `models` (None: every template-benchmark model folder) of `published`'s eval/ into `run_dir/eval/`, no judgments; the folders."
     import gzip, shutil
+    from shopping_grpo.judge import model_dirs
     from shopping_grpo.records import write_atomic
     src, out = Path(published)/'eval', Path(run_dir)/'eval'
-    held = lambda m: any((src/m/f'trajectories.jsonl{z}').exists() for z in ('', '.gz'))
-    have = sorted(p.name for p in src.iterdir() if p.is_dir() and held(p.name)) if src.is_dir() else []
-    models = [m for m in have if '@' not in m] if models is None else list(models)
+    have = sorted({p.parent.name for p in src.glob('*/trajectories.jsonl*')})
+    models = [d.name for d in model_dirs(src)] if models is None else list(models)
     if bad := [m for m in models if m not in have]:
         raise ValueError(f"{published} holds no evaluated model {bad[0]!r}; it has {', '.join(have) or 'none'}")
     for m in models:
