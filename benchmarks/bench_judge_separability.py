@@ -1,6 +1,6 @@
 """How well a judge model tells the requirements that hold from those that do not, per requirement kind, on the
-evidence questions of a published judge run's purchases: the same questions, with the same worked examples, that the
-run asked its judge. For a sample of up to `--per-truth` questions of each kind and truth, the model's yes share
+evidence questions of a published judge run's purchases, as the judge asks them now (with the line code computes for a
+budget, brand or model question unless `--without-checks`) and with the worked examples that run showed. For a sample of up to `--per-truth` questions of each kind and truth, the model's yes share
 P(yes) / (P(yes) + P(no)) is ranked against the shop's truth (ROC AUC: 0.5 is a coin, 1 a perfect order), beside the
 AUC of the run's own judge on the very same questions, read from its stored answers. A kind ranked barely better than
 a coin cannot reach a kappa of 0.6 with any threshold. Nothing is fitted, so nothing is tuned on the benchmark.
@@ -27,7 +27,7 @@ def main():
     ap.add_argument('--per-truth', type=int, default=20, help='questions of each kind and truth (met, unmet) in the sample')
     ap.add_argument('--seed', type=int, default=0); ap.add_argument('--rows', type=int, default=16)
     ap.add_argument('--workers', type=int, default=16, help='questions in flight (the endpoint batches them)')
-    ap.add_argument('--price-check-line', action='store_true', help="ask budget questions with price_check's computed line")
+    ap.add_argument('--without-checks', action='store_true', help="ask budget, brand and model questions without the line code computes (CHECKS)")
     ap.add_argument('--kinds', default=None, help='comma-separated requirement kinds to ask (default: every kind)')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
@@ -43,7 +43,7 @@ def main():
         for k, e in sorted(stored.items()):
             if e['status'] != 'judged' or not purchased_asin(recs[k]): continue
             truth = requirement_truth(recs[k], rubrics[k])
-            for q in evidence_questions(recs[k], rubrics[k], a.price_check_line) or []:
+            for q in evidence_questions(recs[k], rubrics[k], not a.without_checks) or []:
                 if truth[q.requirement] is not None and q.requirement in e['answers']:
                     groups.setdefault((q.kind, truth[q.requirement]), []).append((q, e['answers'][q.requirement]))
         run_judges |= {e['judge']['model'] for e in stored.values()}
@@ -69,7 +69,7 @@ def main():
         print(k, json.dumps(brief(kinds[k])), file=sys.stderr)
     pooled = [(yes_share(dict(zip(('met', 'unmet', 'unclear'), p))), g[1]) for (g, _, _), p in zip(asked, probs)]
     out = dict(run=a.run, model=a.model, device=a.device or 'default', run_judge=', '.join(sorted(run_judges)),
-               per_truth=a.per_truth, seed=a.seed, kinds_asked=a.kinds or 'all', price_check_line=a.price_check_line, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
+               per_truth=a.per_truth, seed=a.seed, kinds_asked=a.kinds or 'all', checks=not a.without_checks, questions=len(asked), available={f'{k}:{t}': len(v) for (k, t), v in groups.items()},
                auc=ranking_auc(pooled), kinds=kinds, ask_seconds=round(ask_s, 1), seconds=round(time.time() - t0, 1),
                machine=platform.machine(), processor=platform.processor() or None)
     print(json.dumps({k: v for k, v in out.items() if k != 'available'} | {'kinds': {k: brief(d) for k, d in kinds.items()}}, indent=1))

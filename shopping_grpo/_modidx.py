@@ -575,6 +575,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.judge.judgment_schema': ('judge.html#judgment_schema', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.known_mode': ('judge.html#known_mode', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.model_dirs': ('judge.html#model_dirs', 'shopping_grpo/judge.py'),
+                                     'shopping_grpo.judge.name_check': ('judge.html#name_check', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.not_judged_reasons': ('judge.html#not_judged_reasons', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.page_lines': ('judge.html#page_lines', 'shopping_grpo/judge.py'),
                                      'shopping_grpo.judge.panel_behaviour': ('judge.html#panel_behaviour', 'shopping_grpo/judge.py'),

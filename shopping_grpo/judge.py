@@ -23,7 +23,7 @@ from .tools import approx_tokens
 __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES', 'ERRORS', 'JUDGE_PROMPT', 'SCORES_PROMPT',
            'CUTS', 'FORBIDDEN', 'VERDICTS', 'Score', 'JUDGMENT_VERSION', 'REWARD_FIGURES', 'UNREADABLE',
            'JUDGE_PACKAGES', 'SOFT_COMPONENTS', 'LISTED', 'KINDS', 'CURATION_COUNTS', 'LABELS', 'PRIVATE_NAMES',
-           'LEAK_KINDS', 'MAX_WRONG_PASS', 'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'EVIDENCE_PROMPT',
+           'LEAK_KINDS', 'MAX_WRONG_PASS', 'WRONG_PASSES', 'EVIDENCE_SOURCES', 'ANSWERS', 'CHECKS', 'EVIDENCE_PROMPT',
            'EXAMPLE_KINDS', 'UNCLEAR_CUTS', 'TOP_LOGPROBS', 'EVIDENCE_VERSION', 'CALIBRATION_SHOPPERS', 'JUDGE_MODES',
            'Candidate', 'candidates', 'quoted', 'canonical', 'sha256_json', 'Requirement', 'Rubric', 'code_rubric',
            'RubricError', 'Decision', 'Curation', 'json_object', 'schema_errors', 'check_curation', 'Unavailable',
@@ -36,12 +36,12 @@ __all__ = ['HARD_KINDS', 'RUBRIC_VERSION', 'FORMATS', 'CURATOR_PROMPT', 'SCORES'
            'cohen_kappa', 'buy_event', 'purchased_asin', 'decisive_events', 'citation_check', 'agreement_figures',
            'judge_agreement', 'truth_judgment', 'evidence_truth', 'score_agreement', 'curator_agreement',
            'prompt_leaks', 'forbidden_in_prompts', 'calibration_flags', 'with_requirement_truth', 'EvidenceLine',
-           'page_lines', 'purchase_evidence', 'Question', 'price_check', 'evidence_questions', 'question_messages',
-           'teaching_answer', 'worked_examples', 'examples_for', 'yes_share', 'Calibration', 'fit_calibration',
-           'answer_mass', 'evidence_sha256', 'evidence_record', 'evidence_judgment', 'calibration_trajectories',
-           'read_calibration', 'calibrate_judge', 'agreement_table', 'current_evidence', 'evidence_judgments',
-           'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts', 'run_agreement', 'write_agreement',
-           'run_judges', 'ranking_auc']
+           'page_lines', 'purchase_evidence', 'Question', 'price_check', 'name_check', 'evidence_questions',
+           'question_messages', 'teaching_answer', 'worked_examples', 'examples_for', 'yes_share', 'Calibration',
+           'fit_calibration', 'answer_mass', 'evidence_sha256', 'evidence_record', 'evidence_judgment',
+           'calibration_trajectories', 'read_calibration', 'calibrate_judge', 'agreement_table', 'current_evidence',
+           'evidence_judgments', 'judge_evidence', 'known_mode', 'judged_records', 'judge_prompts', 'run_agreement',
+           'write_agreement', 'run_judges', 'ranking_auc']
 
 # %% ../nbs/08_judge.ipynb #faa9f8fc
 HARD_KINDS = ('category', 'budget')  # Reward v3's gates; brand, model, features and options are its soft match
@@ -1013,7 +1013,7 @@ def prompt_leaks(msgs:list[dict], rec:dict, task:Task|None=None) -> list[tuple[s
     no_rubric = re.sub(r'^Rubric:\n.*?(?=\n\nCounts: )', '', user, flags=re.M | re.S)
     rest = re.sub(r'^Counts: .*$', '', no_rubric, flags=re.M)  # the counts: whitelisted numbers of visible events
     rest = re.sub(r'^Requirement: .*$', '', rest, flags=re.M)  # an evidence question states it, as a rubric does
-    rest = re.sub(r'^\[price check\] .*$', '', rest, flags=re.M)  # the requirement's bound against a price the agent saw
+    rest = re.sub(r'^\[(?:price|name) check\] .*$', '', rest, flags=re.M)  # the requirement against what the agent saw
     seen = rec.get('instruction', '') + '\n' + _texts(rec.get('messages', []))
     out = []
     def hit(kind:str, what:str, where:str, m:re.Match):
@@ -1170,16 +1170,28 @@ def price_check(lines:list[EvidenceLine], requirement:str) -> EvidenceLine|None:
     side = f'{b - p:.1f} yuan below' if p < b else 'equal to' if p == b else f'{p - b:.1f} yuan above'
     return EvidenceLine('price check', f'{ps} yuan for the chosen variant, {side} the bound of {bs} yuan', about.event)
 
+_NAMED = re.compile(r'(brand|model): (.+)')
+
+def name_check(lines:list[EvidenceLine], requirement:str) -> EvidenceLine|None:
+    "The lines of `lines` that name the brand or model `requirement` asks for, found by code; None for another requirement or no line."
+    if not lines or not (m := _NAMED.fullmatch(requirement)): return None
+    named = re.compile(rf'(?<![\w-]){re.escape(m[2])}(?![\w-])', re.IGNORECASE)
+    where = list(dict.fromkeys(l.source for l in lines if named.search(l.text)))
+    said = f"named on the {' and '.join(where)} line{'s' * (len(where) > 1)}" if where else 'named on none of these lines'
+    return EvidenceLine('name check', f'{m[1]} {m[2]}: {said}', lines[0].event)
+
+CHECKS = dict(budget=price_check, brand=name_check, model=name_check)  # requirement kind -> the line code computes for it
+
 # %% ../nbs/08_judge.ipynb #24dd5a75
-def evidence_questions(rec:dict, rubric:Rubric, price_check_line:bool=False) -> list[Question]|None:
+def evidence_questions(rec:dict, rubric:Rubric, checks:bool=True) -> list[Question]|None:
     """One question per requirement of `rubric` on what `rec` saw of the product it bought; None when it bought nothing.
-    `price_check_line` adds `price_check`'s line to a budget question."""
+    `checks` adds the line code computes for a budget, brand or model question (`CHECKS`); False asks without it."""
     if (lines := purchase_evidence(rec)) is None: return None
     out = []
     for r in rubric.requirements:
         kinds = {s.split(':')[0] for s in r.sources} | {r.kind}
         shown = [l for l in lines if l.source in {x for k in kinds for x in EVIDENCE_SOURCES.get(k, ('title',))}]
-        if price_check_line and r.kind == 'budget' and (check := price_check(shown, r.text)): shown.append(check)
+        if checks and r.kind in CHECKS and (check := CHECKS[r.kind](shown, r.text)): shown.append(check)
         seen = '\n'.join(f'[{l.source}] {l.text}' for l in shown)
         text = f"Requirement: {r.text}\nWhat the agent saw of the product it bought:\n{seen}"
         out.append(Question(rec['task_id'], r.id, r.kind, r.quote, text, shown))
