@@ -644,7 +644,7 @@ def pack_offline_command(
         host_freeze:str=typer.Option(str(HOST_FREEZE), help="the host's `pip freeze`; 'none': the host has nothing"),
         extra:list[str]=typer.Option(PIPELINE_EXTRAS, help='extras of ours whose requirements travel too (repeat)'),
         package:list[str]=typer.Option([], help='more packages to send with their dependencies resolved (repeat)'),
-        no_deps_package:list[str]=typer.Option(NO_DEPS_PACKAGES, help='packages sent without their dependencies (repeat)'),
+        no_deps_package:list[str]=typer.Option(None, help='packages sent without their dependencies (repeat; default: the pipeline stack sends NO_DEPS_PACKAGES, veRL none)'),
         wheel:list[str]=typer.Option([], help='wheel files to send as they are (repeat)'),
         project:bool=typer.Option(True, help='build and send our own wheel'),
         download:bool=typer.Option(True, help='resolve and download what the host lacks; --no-download: only --wheel files'),
@@ -666,7 +666,8 @@ def pack_offline_command(
             specs = host_needs(freeze, extra, python_version, platform, reqs, keep_host) + list(package)
             typer.echo(f"the host lacks {len(specs)} packages; downloading their wheels", err=True)
             tags = platform_tags(platform)
-            wheels += download_wheels(specs + list(no_deps_package), Path(tmp)/'wheels', python_version, tags, implementation)
+            bare = no_deps_package if no_deps_package is not None else NO_DEPS_PACKAGES if stack == 'pipeline' else []
+            wheels += download_wheels(specs + list(bare), Path(tmp)/'wheels', python_version, tags, implementation)
         names = [m for m in model if m.lower() != 'none']
         man = pack_offline(out, wheels, names, gguf, piece_mb)
     models = ', '.join(m['name'] for m in man['models']) or 'no model'
