@@ -112,7 +112,7 @@ pack-offline: setup
 
 # What `verl-train` needs on that host, in a bundle of its own: requirements/verl.txt and verl[vllm]==0.9.1 (vLLM 0.24,
 # which pins the host's torch 2.11.0: torch and its CUDA libraries stay), the host's versions kept where veRL allows
-# (benchmarks/results/verl_bundle_plan.json: 169 packages, 1.7 GB). Assemble it there into /tmp/site-verl, not /tmp/site.
+# (benchmarks/results/verl_bundle.json: 170 wheels, 1.7 GB, 31 pieces of 55 MB). Assemble it there into /tmp/site-verl, not /tmp/site.
 VERL_BUNDLE ?= outputs/verl-bundle
 pack-offline-verl: setup
 	$(BIN)/shopping-grpo pack-offline $(VERL_BUNDLE) --stack verl --model none --piece-mb $(PIECE_MB)

@@ -1299,7 +1299,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                          'shopping_grpo.verl_loop.shopping_rollout': ( 'verl.html#shopping_rollout',
                                                                                        'shopping_grpo/verl_loop.py'),
                                          'shopping_grpo.verl_loop.show_command': ('verl.html#show_command', 'shopping_grpo/verl_loop.py'),
-                                         'shopping_grpo.verl_loop.trainer_env': ('verl.html#trainer_env', 'shopping_grpo/verl_loop.py'),
                                          'shopping_grpo.verl_loop.verl_command': ('verl.html#verl_command', 'shopping_grpo/verl_loop.py'),
                                          'shopping_grpo.verl_loop.verl_prepare': ('verl.html#verl_prepare', 'shopping_grpo/verl_loop.py'),
                                          'shopping_grpo.verl_loop.verl_python': ('verl.html#verl_python', 'shopping_grpo/verl_loop.py'),

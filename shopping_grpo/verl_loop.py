@@ -21,8 +21,8 @@ from .grpo import GRPORecipe, grpo_recipe
 __all__ = ['AGENT_NAME', 'DATA_SOURCE', 'SPLITS', 'AGENT_LOOP_TARGET', 'VERL_LOSS', 'ROOT', 'VERSIONS_PROBE', 'RUN_HELP',
            'MODEL_HELP', 'verl_row', 'write_verl_dataset', 'ShoppingRollout', 'LoopSettings', 'write_agent_loop_config',
            'load_run_shop', 'shopping_rollout', 'VerlLaunch', 'response_length', 'verl_refusals', 'grpo_overrides',
-           'verl_python', 'trainer_env', 'model_reference', 'verl_command', 'show_command', 'verl_versions',
-           'verl_prepare', 'verl_settings', 'verl_train']
+           'verl_python', 'model_reference', 'verl_command', 'show_command', 'verl_versions', 'verl_prepare',
+           'verl_settings', 'verl_train']
 
 # %% ../nbs/06a_verl.ipynb #a473ee00
 AGENT_NAME = 'shopping_agent'                        # the name the loop is registered under in veRL
@@ -201,8 +201,6 @@ class VerlLaunch:
     gpu_memory_utilization: float = 0.5 # vLLM's share of each GPU (the trainer shares them)
     record_rollouts: bool = True        # keep every rollout's trajectory record under run/verl/rollouts/
     logger: str = 'console'             # comma-separated veRL loggers: console, wandb, tensorboard
-    python: str = ''                    # the Python that runs veRL's trainer: '' for .venv-verl's; a path or a name on PATH
-    site: str = ''                      # packages on the trainer's path after our checkout (the offline bundle's /tmp/site-verl)
 
 def response_length(recipe:GRPORecipe, launch:VerlLaunch) -> int:
     "veRL's response budget: the recipe's context less the prompt's."
@@ -261,15 +259,9 @@ def grpo_overrides(recipe:GRPORecipe, launch:VerlLaunch, run_dir, model_path:str
 # %% ../nbs/06a_verl.ipynb #7755f69d
 ROOT = Path(__file__).resolve().parent.parent if '__file__' in globals() else Path('..').resolve()
 
-def verl_python(python:str='') -> Path:
-    "The Python that runs veRL: `python` (a path, or a name found on PATH), else that of veRL's environment (`make verl-env`)."
-    if not python: return ROOT/'.venv-verl'/'bin'/'python'
-    import shutil
-    return Path(shutil.which(python) or python)
-
-def trainer_env(launch:VerlLaunch) -> dict:
-    "The environment veRL's trainer runs in: ours, with our checkout first on the path, then `launch.site`, nothing else."
-    return {**os.environ, 'PYTHONPATH': os.pathsep.join([str(ROOT), *([launch.site] if launch.site else [])])}
+def verl_python() -> Path:
+    "The Python of veRL's environment (`make verl-env`)."
+    return ROOT/'.venv-verl'/'bin'/'python'
 
 def model_reference(model:str) -> str:
     "The checkpoint veRL loads for `model`, without building it (the embedded default's materialised path)."
@@ -280,7 +272,7 @@ def verl_command(recipe:GRPORecipe, launch:VerlLaunch, run_dir, model_path:str, 
     "The full launch: veRL's Python, `-m verl.trainer.main_ppo`, our overrides, and `extra` ones last (replacing ours)."
     theirs = {e.split('=', 1)[0] for e in extra}
     mine = [o for o in grpo_overrides(recipe, launch, run_dir, model_path) if o.split('=', 1)[0] not in theirs]
-    return [str(python or verl_python(launch.python)), '-m', 'verl.trainer.main_ppo', *mine, *extra]
+    return [str(python or verl_python()), '-m', 'verl.trainer.main_ppo', *mine, *extra]
 
 def show_command(cmd:list[str]) -> str:
     "The command as a shell line, one override per line."
@@ -294,11 +286,11 @@ for n in ('verl', 'torch', 'transformers', 'vllm', 'ray'):
     except m.PackageNotFoundError: out[n] = None
 print(json.dumps(out))"""
 
-def verl_versions(launch:VerlLaunch) -> dict|None:
-    "Package versions where `launch` runs veRL's trainer, read without importing veRL; None when that Python is missing."
-    py = verl_python(launch.python)
+def verl_versions(python=None) -> dict|None:
+    "Package versions in veRL's environment, read without importing veRL; None when it is not made."
+    py = Path(python or verl_python())
     if not py.exists(): return None
-    return json.loads(subprocess.run([str(py), '-c', VERSIONS_PROBE], capture_output=True, text=True, env=trainer_env(launch),
+    return json.loads(subprocess.run([str(py), '-c', VERSIONS_PROBE], capture_output=True, text=True,
                                      check=True).stdout)
 
 def verl_prepare(recipe:GRPORecipe, launch:VerlLaunch, run_dir, extra=()) -> dict:
@@ -324,7 +316,7 @@ def verl_prepare(recipe:GRPORecipe, launch:VerlLaunch, run_dir, extra=()) -> dic
     write_agent_loop_config(settings, v/'agent_loop.yaml')
     rec = dict(recipe=asdict(c), launch=asdict(L), model_path=model_path, data=data, agent_loop=asdict(settings),
                command=verl_command(c, L, run_dir, model_path, extra),
-               versions=package_versions(('shopping_grpo', 'transformers', 'polars')), verl_env=verl_versions(L),
+               versions=package_versions(('shopping_grpo', 'transformers', 'polars')), verl_env=verl_versions(),
                written=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     write_atomic(v/'grpo.yaml', yaml.safe_dump(rec, sort_keys=False, allow_unicode=True))
     return rec
@@ -354,13 +346,12 @@ def verl_train(run:str=typer.Option('outputs/verl', help=RUN_HELP),
                                                      help='a veRL hydra override key=value, applied last; repeatable'),
                dry_run:bool=typer.Option(False, '--dry-run',
                                          help='print the command and stop: writes nothing, touches no GPU or Ray')):
-    "GRPO with veRL on the run's shop: write the veRL data and configs, then run veRL's trainer (in .venv-verl unless the config names a Python)."
+    "GRPO with veRL on the run's shop: write the veRL data and configs, then run veRL's trainer in .venv-verl."
     recipe, launch = verl_settings(config, model=model, max_steps=max_steps, lr=lr, n_gpus=n_gpus)
     if dry_run:
         return typer.echo(show_command(verl_command(recipe, launch, run, model_reference(launch.model), set_ or [])))
-    if not (py := verl_python(launch.python)).exists():
-        where = f"the config's python {launch.python!r}" if launch.python else f"veRL's environment {py.parent.parent}"
-        raise typer.BadParameter(f"{where} is missing: run `make verl-env` (or name a Python with veRL in the config)")
+    if not verl_python().exists():
+        raise typer.BadParameter(f"veRL's environment {verl_python().parent.parent} is missing: run `make verl-env`")
     rec = verl_prepare(recipe, launch, run, set_ or [])
     typer.echo(show_command(rec['command']), err=True)
-    raise typer.Exit(subprocess.call(rec['command'], cwd=str(ROOT), env=trainer_env(launch)))
+    raise typer.Exit(subprocess.call(rec['command'], cwd=str(ROOT), env={**os.environ, 'PYTHONPATH': str(ROOT)}))
