@@ -1216,7 +1216,7 @@ EXAMPLE_KINDS = dict(yes=('feature', 'option'), no=('option', 'feature'), unclea
 
 def teaching_answer(q:Question, truth:bool|None) -> str|None:
     "The answer word a worked example built from `q` shows, or None when its lines do not make the answer plain."
-    shown = any(quoted(l.text, q.words) for l in q.lines)
+    shown = any(quoted(l.text, q.words) for l in q.lines if not l.source.endswith(' check'))  # the pages', not a computed line's
     has = lambda *sources: any(l.source in sources for l in q.lines)
     priced = any(l.source == 'about' and 'price ' in l.text for l in q.lines)
     if q.kind == 'budget': return None if truth is None or not priced else 'yes' if truth else 'no'
