@@ -369,7 +369,7 @@ def published_files(run_dir, adapters=PUBLISH_ADAPTERS) -> list[Path]:
     for rel in carried_files(run_dir):
         if rel.parts[0] == 'notebooks' and rel.stem not in done: continue  # a stage cut short: its notebook is partial
         if rel.parts[0] in PUBLISH_LEFT_OUT and rel.as_posix() not in PUBLISH_KEPT: continue
-        if 'stale' in rel.parts or any(s.startswith('checkpoint-') for s in rel.parts): continue  # set aside by a later evaluation; mid-training
+        if 'stale' in rel.parts or any(s.startswith(('checkpoint-', 'global_step_')) for s in rel.parts): continue  # set aside by a later evaluation; mid-training (global_step_N: veRL's)
         if rel.name == 'trajectories.jsonl' and 'val' in rel.parts[:-1]: continue  # validation: its summary stays
         if (ad := _adapter_of(rel)) is not None and (ad not in adapters or
                                                     rel.name not in ('adapter_model.safetensors', 'adapter_config.json')): continue

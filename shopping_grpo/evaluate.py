@@ -534,8 +534,9 @@ def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int
     return s | dict(wall_seconds=round(time.time() - t0, 2))
 
 # %% ../nbs/07_evaluate.ipynb #f0d86981
-TRAINED = ('sft', 'grpo')  # stages whose merged checkpoint a run may hold, at run_dir/<stage>/merged
-TRAINING_LADDER = (('sft', 'base'), ('grpo', 'sft'))  # each trained model and the one its training started from
+TRAINED = ('sft', 'grpo', 'verl')  # stages whose merged checkpoint a run may hold, at run_dir/<stage>/merged (verl: 06a_verl)
+# each trained model and the one its training started from; veRL's GRPO model also against the TRL engine's
+TRAINING_LADDER = (('sft', 'base'), ('grpo', 'sft'), ('verl', 'sft'), ('verl', 'grpo'))
 
 def trained_models(run_dir, **kw) -> list[PolicySpec]:
     "Specs of the merged checkpoints a run folder holds."

@@ -19,10 +19,11 @@ from .grpo import GRPORecipe, grpo_recipe
 
 # %% auto #0
 __all__ = ['AGENT_NAME', 'DATA_SOURCE', 'SPLITS', 'AGENT_LOOP_TARGET', 'VERL_LOSS', 'ROOT', 'VERSIONS_PROBE', 'RUN_HELP',
-           'MODEL_HELP', 'verl_row', 'write_verl_dataset', 'ShoppingRollout', 'LoopSettings', 'write_agent_loop_config',
-           'load_run_shop', 'shopping_rollout', 'VerlLaunch', 'response_length', 'verl_refusals', 'grpo_overrides',
-           'verl_python', 'model_reference', 'verl_command', 'show_command', 'verl_versions', 'verl_prepare',
-           'verl_settings', 'verl_train']
+           'MODEL_HELP', 'WATCHED', 'METRIC_COLUMNS', 'verl_row', 'write_verl_dataset', 'ShoppingRollout',
+           'LoopSettings', 'write_agent_loop_config', 'load_run_shop', 'shopping_rollout', 'VerlLaunch',
+           'response_length', 'verl_refusals', 'grpo_overrides', 'verl_python', 'model_reference', 'verl_command',
+           'show_command', 'verl_versions', 'verl_prepare', 'verl_settings', 'verl_train', 'read_metrics_file',
+           'nonfinite', 'verl_metrics', 'verl_checkpoint_step', 'verl_launch', 'verl_adapter']
 
 # %% ../nbs/06a_verl.ipynb #a473ee00
 AGENT_NAME = 'shopping_agent'                        # the name the loop is registered under in veRL
@@ -200,7 +201,7 @@ class VerlLaunch:
     tensor_parallel: int = 1            # vLLM tensor parallelism per replica
     gpu_memory_utilization: float = 0.5 # vLLM's share of each GPU (the trainer shares them)
     record_rollouts: bool = True        # keep every rollout's trajectory record under run/verl/rollouts/
-    logger: str = 'console'             # comma-separated veRL loggers: console, wandb, tensorboard
+    logger: str = 'console,file'        # comma-separated veRL loggers: console, file (run/verl/metrics-NN.jsonl), wandb, tensorboard
 
 def response_length(recipe:GRPORecipe, launch:VerlLaunch) -> int:
     "veRL's response budget: the recipe's context less the prompt's."
@@ -224,6 +225,10 @@ def verl_refusals(recipe:GRPORecipe) -> list[str]:
 def grpo_overrides(recipe:GRPORecipe, launch:VerlLaunch, run_dir, model_path:str) -> list[str]:
     "veRL's hydra overrides for `recipe`, launched as `launch` on the run in `run_dir`."
     if bad := verl_refusals(recipe): raise ValueError(f"the veRL back end cannot run {', '.join(bad)}")
+    episodes, over = recipe.groups * recipe.group_size, {'agent-loop workers': launch.agent_workers, 'GPUs': launch.n_gpus * launch.nnodes}
+    if uneven := [f'{n} {what}' for what, n in over.items() if episodes % n]:  # veRL splits a step's batch evenly
+        raise ValueError(f"a step's {episodes} episodes ({recipe.groups} groups of {recipe.group_size}) do not divide "
+                         f"evenly over {' and '.join(uneven)}")
     v, a = Path(run_dir).resolve()/'verl', 'actor_rollout_ref.actor'
     r, m = 'actor_rollout_ref.rollout', 'actor_rollout_ref.model'
     c, L = recipe, launch
@@ -253,7 +258,8 @@ def grpo_overrides(recipe:GRPORecipe, launch:VerlLaunch, run_dir, model_path:str
         'trainer.project_name=shopping_grpo', f'trainer.experiment_name={Path(run_dir).resolve().name}',
         f'trainer.logger=[{L.logger}]', f'trainer.n_gpus_per_node={L.n_gpus}', f'trainer.nnodes={L.nnodes}',
         f'trainer.total_training_steps={c.max_steps}', f'trainer.test_freq={c.val_every}',
-        f'trainer.save_freq={c.val_every}',
+        f'trainer.save_freq={c.save_every or c.val_every}', 'trainer.max_actor_ckpt_to_keep=1',
+        f'+{a}.checkpoint.save_lora_only=True',
         'trainer.val_before_train=True', 'trainer.resume_mode=auto', f'trainer.default_local_dir={v/"checkpoints"}']
 
 # %% ../nbs/06a_verl.ipynb #7755f69d
@@ -355,3 +361,120 @@ def verl_train(run:str=typer.Option('outputs/verl', help=RUN_HELP),
     rec = verl_prepare(recipe, launch, run, set_ or [])
     typer.echo(show_command(rec['command']), err=True)
     raise typer.Exit(subprocess.call(rec['command'], cwd=str(ROOT), env={**os.environ, 'PYTHONPATH': str(ROOT)}))
+
+# %% ../nbs/06a_verl.ipynb #cdaf8217
+WATCHED = ('actor/pg_loss', 'actor/grad_norm')  # what must stay finite in every step veRL logs
+METRIC_COLUMNS = {'seconds': 'timing_s/step', 'generate_s': 'timing_s/gen', 'update_s': 'timing_s/update_actor',
+                  'reward': 'critic/score/mean', 'pg_loss': 'actor/pg_loss',
+                  'val_reward': f'val-core/{DATA_SOURCE}/reward/mean@1',
+                  'val_strict': f'val-aux/{DATA_SOURCE}/strict_success/mean@1'}  # our column: veRL's metric
+
+def read_metrics_file(path) -> list[dict]:
+    "The steps veRL's file logger wrote to `path`, a dict each; a torn last line (a crash mid-write) is left out."
+    if not Path(path).exists(): return []
+    lines, rows = Path(path).read_text('utf-8').splitlines(), []
+    for n, line in enumerate(lines, 1):
+        try: rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines): break
+            raise ValueError(f"{path}, line {n}: not JSON; only a last line may be torn")
+        rows.append({'step': rec['step'], **rec['data']})
+    return rows
+
+def nonfinite(rows:list[dict], keys=WATCHED) -> list[tuple[int, str]]:
+    "(step, metric) of each watched metric logged without a finite value (null is how NaN and infinity come back)."
+    import math
+    return [(r['step'], k) for r in rows for k in keys if k in r and (r[k] is None or not math.isfinite(r[k]))]
+
+def verl_metrics(run_dir):
+    "Every step the run's veRL launches logged, a row each; a later launch's values for a step win (a resumed run validates again)."
+    import polars as pl
+    steps = {}
+    for path in sorted((Path(run_dir)/'verl').glob('metrics-*.jsonl')):
+        for r in read_metrics_file(path): steps.setdefault(r['step'], {}).update(r, launch=int(path.stem.split('-')[1]))
+    schema = dict(step=pl.Int64, launch=pl.Int64, **{k: pl.Float64 for k in METRIC_COLUMNS})
+    return pl.DataFrame([dict(step=s, launch=r['launch'], **{k: r.get(m) for k, m in METRIC_COLUMNS.items()})
+                         for s, r in sorted(steps.items())], schema=schema)
+
+# %% ../nbs/06a_verl.ipynb #87e07e19
+def verl_checkpoint_step(run_dir) -> int:
+    "The step of the run's newest veRL checkpoint (`run/verl/checkpoints/global_step_N`); 0 when it has none."
+    found = [int(p.name.rsplit('_', 1)[1]) for p in (Path(run_dir)/'verl'/'checkpoints').glob('global_step_*')
+             if p.name.rsplit('_', 1)[1].isdigit()]
+    return max(found, default=0)
+
+def _end_group(p:subprocess.Popen, grace:float=60):
+    "End the process group `p` leads: SIGTERM, then SIGKILL after `grace` seconds."
+    import signal
+    if p.poll() is not None: return
+    os.killpg(p.pid, signal.SIGTERM)
+    try: p.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+def verl_launch(rec:dict, run_dir, poll:float=10.0, progress:bool=True):
+    "Run the command `verl_prepare` recorded (resuming from the newest checkpoint), watching its metrics; the run's metrics."
+    from tqdm.auto import tqdm
+    v, total = Path(run_dir).resolve()/'verl', rec['recipe']['max_steps']
+    if verl_checkpoint_step(run_dir) >= total: return verl_metrics(run_dir)
+    if not Path(rec['command'][0]).exists():
+        raise FileNotFoundError(f"veRL's Python {rec['command'][0]} is missing: make veRL's environment (`make verl-env`)")
+    metrics, log = v/f"metrics-{len(list(v.glob('metrics-*.jsonl'))):02d}.jsonl", v/'train.log'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'VERL_FILE_LOGGER_PATH': str(metrics)}
+    with open(log, 'ab') as out, tqdm(total=total, desc='veRL GRPO steps', disable=not progress) as bar:
+        out.write(f"== {metrics.name}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+        out.flush()
+        p = subprocess.Popen(rec['command'], cwd=str(ROOT), env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            while True:
+                ended = p.poll() is not None
+                rows = read_metrics_file(metrics)
+                bar.update(max([r['step'] for r in rows] + [bar.n]) - bar.n)
+                if bad := nonfinite(rows):
+                    raise FloatingPointError(f"veRL logged a non-finite {bad[0][1]} at step {bad[0][0]}: the trainer is "
+                                             f"stopped; the checkpoints before it are in {v/'checkpoints'}")
+                if ended: break
+                time.sleep(poll)
+        finally: _end_group(p)
+    if p.returncode:
+        tail = '\n'.join(log.read_text('utf-8', errors='replace').splitlines()[-20:])
+        raise RuntimeError(f"veRL's trainer exited with status {p.returncode}; the end of {log}:\n{tail}")
+    return verl_metrics(run_dir)
+
+# %% ../nbs/06a_verl.ipynb #d60971d4
+def _joined(key:str, parts:list):
+    "One checkpoint tensor from every rank's entry: a DTensor's shards joined along their dimension, else rank 0's."
+    import torch
+    from torch.distributed.tensor import DTensor
+    if not isinstance(parts[0], DTensor): return parts[0]
+    shard = [p for p in parts[0].placements if p.is_shard()]
+    if len(parts[0].placements) != 1:
+        raise ValueError(f"{key}: a checkpoint sharded over a {len(parts[0].placements)}-D device mesh is not joined here")
+    return torch.cat([p.to_local() for p in parts], dim=shard[0].dim) if shard else parts[0].to_local()
+
+def verl_adapter(run_dir, base_model:str|None=None) -> Path:
+    "The newest veRL checkpoint's LoRA weights as a PEFT adapter, written atomically to `run/verl/adapter`."
+    import shutil, torch
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+    v, step = Path(run_dir).resolve()/'verl', verl_checkpoint_step(run_dir)
+    actor = v/'checkpoints'/f'global_step_{step}'/'actor'
+    if not step: raise FileNotFoundError(f"{v/'checkpoints'} holds no veRL checkpoint (global_step_N): train first")
+    world = json.loads((actor/'fsdp_config.json').read_text())['world_size']
+    ranks = [torch.load(actor/f'model_world_size_{world}_rank_{r}.pt', map_location='cpu', weights_only=False)
+             for r in range(world)]
+    lora = {k.replace('.default.weight', '.weight'): _joined(k, [d[k] for d in ranks]).contiguous()
+            for k in ranks[0] if 'lora_' in k}
+    if not lora: raise ValueError(f"{actor} holds no LoRA weights: veRL trained without lora_rank")
+    meta = json.loads((actor/'lora_train_meta.json').read_text())
+    tmp, out = v/'.adapter.tmp', v/'adapter'
+    shutil.rmtree(tmp, ignore_errors=True)
+    LoraConfig(r=meta['r'], lora_alpha=meta['lora_alpha'], lora_dropout=0.0, task_type='CAUSAL_LM',
+               target_modules=sorted({k.split('.')[-3] for k in lora}), base_model_name_or_path=base_model).save_pretrained(tmp)
+    save_file(lora, str(tmp/'adapter_model.safetensors'), metadata={'format': 'pt'})
+    write_atomic(tmp/'source.json', json.dumps(dict(checkpoint=str(actor), step=step, world_size=world, tensors=len(lora))))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

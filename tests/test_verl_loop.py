@@ -97,6 +97,10 @@ def test_overrides_compose_and_validate(verl_dir, monkeypatch):
     assert list(cfg.trainer.logger) == ['console', 'wandb'] and cfg.algorithm.filter_groups.enable
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.grad_clip, cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (8, 1.0, 50, 10)
     assert not need_reference_policy(cfg) and not need_critic(cfg)  # KL off, GRPO: no reference model, no critic
+    from verl.utils.config import omega_conf_to_dataclass
+    ck = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.checkpoint)  # what the checkpoint manager is given
+    assert (ck.save_lora_only, cfg.trainer.max_actor_ckpt_to_keep, cfg.trainer.resume_mode) == (True, 1, 'auto')
+    assert compose(verl_dir, GRPORecipe(save_every=5)).trainer.save_freq == 5
     # vLLM is not installed on CPU: only its LoRA-rank lookup (the last check) is stood in for
     checked = []
     monkeypatch.setitem(sys.modules, 'verl.workers.rollout.vllm_rollout.utils', types.SimpleNamespace(get_vllm_max_lora_rank=checked.append))
@@ -212,3 +216,23 @@ def test_recipe_reward_reaches_the_loop(shop_dir, shop, tok, tmp_path):
     assert out.extra_fields['reward_extra_info']['reward_v3'] == v3
     kept = [json.loads(l) for f in (run/'verl'/'rollouts').glob('rollouts-*.jsonl') for l in f.read_text().splitlines()]
     assert [(r['task_id'], r['reward']) for r in kept] == [(row['extra_info']['task_id'], v3)]  # records keep Reward v3
+
+
+
+@pytest.mark.filterwarnings('ignore:Disabled critic')
+@pytest.mark.parametrize('n_gpus', [1, 2, 4, 8])
+def test_recipe_validates_on_n_gpus(verl_dir, monkeypatch, n_gpus):
+    """The recipe on N GPUs of one node, as `verl-train --n-gpus N` launches it: veRL's own validation accepts it; a
+    step whose episodes do not divide evenly over the GPUs (veRL splits its batch in equal parts, and its validation
+    does not check this with dynamic batch sizes) is refused when the command is made."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    monkeypatch.setitem(sys.modules, 'verl.workers.rollout.vllm_rollout.utils', types.SimpleNamespace(get_vllm_max_lora_rank=lambda r: None))
+    cfg = compose(verl_dir, GRPORecipe(), launch=VerlLaunch(n_gpus=n_gpus))
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n) == (n_gpus, 1, 32)
+    validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    odd = GRPORecipe(groups=3, group_size=2)  # 6 episodes a step
+    if 6 % n_gpus:
+        with pytest.raises(ValueError, match=f'do not divide evenly over {n_gpus} GPUs'):
+            compose(verl_dir, odd, launch=VerlLaunch(n_gpus=n_gpus, agent_workers=2))
+    else: validate_config(c := compose(verl_dir, odd, launch=VerlLaunch(n_gpus=n_gpus, agent_workers=2)), need_reference_policy(c), need_critic(c))
