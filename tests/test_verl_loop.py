@@ -236,3 +236,18 @@ def test_recipe_validates_on_n_gpus(verl_dir, monkeypatch, n_gpus):
         with pytest.raises(ValueError, match=f'do not divide evenly over {n_gpus} GPUs'):
             compose(verl_dir, odd, launch=VerlLaunch(n_gpus=n_gpus, agent_workers=2))
     else: validate_config(c := compose(verl_dir, odd, launch=VerlLaunch(n_gpus=n_gpus, agent_workers=2)), need_reference_policy(c), need_critic(c))
+
+
+def test_launch_command_parses_as_veRL_reads_it(verl_dir):
+    """The whole command `verl-train` runs, handed to veRL's own entry point with hydra's `--cfg job`: veRL parses every
+    override from the command line (lists, the `+` key) and prints the job's configuration without starting anything."""
+    import subprocess, yaml
+    from shopping_grpo.verl_loop import verl_command
+    cmd = verl_command(GRPORecipe(max_steps=20, save_every=5), VerlLaunch(n_gpus=2), verl_dir.parent,
+                       str(materialize_model('smollm2')), python=sys.executable)
+    p = subprocess.run([*cmd, '--cfg', 'job'], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    job = yaml.safe_load(p.stdout)  # the configuration alone: veRL's notices go to stderr
+    t, ck = job['trainer'], job['actor_rollout_ref']['actor']['checkpoint']
+    assert (t['n_gpus_per_node'], t['save_freq'], t['max_actor_ckpt_to_keep'], t['resume_mode'], t['logger']) == (2, 5, 1, 'auto', ['console', 'file'])
+    assert ck['save_lora_only'] is True and job['data']['train_files'] == str(verl_dir/'train.parquet')
