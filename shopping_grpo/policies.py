@@ -12,7 +12,7 @@ from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper
 
 # %% auto #0
-__all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
+__all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'PASSED_NAMED', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
            'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
 
 # %% ../nbs/03c_policies.ipynb #376d4657
@@ -53,6 +53,7 @@ REASONS = dict(  # the reason line before each kind of action; {…} is filled f
     search_again="No product checked so far meets every requirement; searching again with: {query}.",
     back_to_search="Back to the search box to try other words.",
     next_page="No unchecked result on this page fits the request ({needs}); next page.",
+    open_past="Opening {asin}: its row fits the request ({fits}); passing over {past}.",  # before `open`: reason_kind tries it first
     open="Opening {asin}: its row fits the request ({fits}).",
     read_features="{asin} shows {shows}; reading its features for {feats}.",
     features_ok="Its features list {found}, as requested; back to the product page.",
@@ -67,7 +68,7 @@ PARTS = dict(  # the pieces of a line's lists
     title="title shows {x}", options="options {x} offered", features="features {x} read", selected="{x} selected",
     left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
-    no_feature="features without {x}")
+    no_feature="features without {x}", passed="{asin} ({lacks})", other_category="category {x}")
 
 LAST_JOINT = ' and '  # between the last two items of a list in a line
 
@@ -120,12 +121,32 @@ def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
     row = next((r for r in state['results'] if r['asin'] == arg), None)
     if row is None: return REASONS['other']
     self.opened.append(arg)
+    past = self._passed_over(state, row)
     in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()]
     fits = _said(PARTS['category'].format(x=row['category']), s.brand and PARTS['brand'].format(x=row['brand']),
                  s.model and PARTS['model'].format(x=s.model),
                  self.budget is not None and self._price(row['price']),
                  in_title and PARTS['title'].format(x=_said(*in_title)))
+    if past: return REASONS['open_past'].format(asin=arg, fits=fits, past=past)
     return REASONS['open'].format(asin=arg, fits=fits)
+
+PASSED_NAMED = 1  # rows above the opened one a line names, from the top: a turn stays within 128 new tokens (Qwen: at most 113)
+
+@patch
+def _row_lacks(self:ReasonWriter, row:dict) -> list[str]:
+    "What a results row shows against the request: another brand, no model in the title, a price over the budget."
+    s = self.s
+    return [x for x in [PARTS['wrong_brand'].format(x=row['brand'], want=s.brand) if s.brand and row['brand'] != s.brand else '',
+                        PARTS['no_model'].format(x=s.model) if s.model and s.model not in row['title'] else '',
+                        self._price(row['price']) if self.budget is not None and row['price'] is not None and row['price'] > self.budget else '']
+            if x]
+
+@patch
+def _passed_over(self:ReasonWriter, state:dict, row:dict) -> str:
+    "The top rows above `row` on this page, not opened before, that the line says it passes over, and what each lacks."
+    above = state['results'][:state['results'].index(row)]
+    named = [(r['asin'], lacks) for r in above if r['asin'] not in self.opened and (lacks := self._row_lacks(r))]
+    return _said(*[PARTS['passed'].format(asin=a, lacks=_said(*l)) for a, l in named[:PASSED_NAMED]])
 
 # %% ../nbs/03c_policies.ipynb #9033f978
 @patch
