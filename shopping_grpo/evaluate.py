@@ -23,14 +23,15 @@ from .episode import run_message_episode, play
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
-           'TRAINING_LADDER', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec',
-           'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy',
-           'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder',
-           'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls',
-           'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata',
-           'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary',
-           'evaluate', 'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
-           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings']
+           'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks',
+           'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy',
+           'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed',
+           'prepare_folder', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates',
+           'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum',
+           'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256',
+           'write_summary', 'evaluate', 'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary',
+           'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings',
+           'first_look', 'listed_price', 'budget_habit']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -649,3 +650,36 @@ def compare_wordings(run_dir, model:str, benchmark:str='freeform', seed:int=0, n
                      base:str='template') -> dict:
     "Model `model` on benchmark `base` against itself on `benchmark` (free-form or human), task by task."
     return write_comparison(run_dir, eval_folder(model, base), eval_folder(model, benchmark), seed, n_resamples, across=True)
+
+# %% ../nbs/07_evaluate.ipynb #9db0ff13
+RESULT_ROW = re.compile(r'^\d+\|(\w+)\|([\d.]+)\|', re.M)  # a results row: rank|asin|price|...
+
+def first_look(t:dict) -> tuple[list[tuple[str, float]], str|None]:
+    "The rows (asin, price) of the first results page of trajectory `t`, and the first product it opened (None: none)."
+    page = next((RESULT_ROW.findall(m['content']) for m in t['messages'] if m['role'] == 'tool'
+                 and (m.get('content') or '').startswith('[search_results]')), [])
+    opened = next((e['data']['arguments'].get('asin') for e in t['events']
+                   if e['kind'] == 'action' and e['data'].get('tool') == 'open_product'), None)
+    return [(a, float(p)) for a, p in page], opened
+
+def listed_price(t:dict, asin:str) -> float|None:
+    "The price the first results page that listed `asin` showed for it (its listed variant's); None if none did."
+    return next((float(p) for m in t['messages'] if m['role'] == 'tool' and (m.get('content') or '').startswith('[search_results]')
+                 for a, p in RESULT_ROW.findall(m['content']) if a == asin), None)
+
+def budget_habit(trajs:list[dict], budgets:dict) -> dict:
+    "Trajectories against the budgets of their tasks (by task id): the first product opened, and the purchases over budget."
+    out = dict(top_over=0, opened_top_over=0, top_within=0, opened_top_within=0, over_budget_buys=0, listed_over=0)
+    for t in trajs:
+        if (b := budgets.get(t['task_id'])) is None: continue
+        rows, first = first_look(t)
+        if rows and first:
+            over = rows[0][1] > b
+            out['top_over' if over else 'top_within'] += 1
+            out['opened_top_over' if over else 'opened_top_within'] += first == rows[0][0]
+        if t['reward_detail'].get('gates', {}).get('budget') == 'fail':
+            out['over_budget_buys'] += 1
+            bought = next((e['data']['arguments'].get('asin') for e in reversed(t['events']) if e['kind'] == 'action'
+                           and e['data'].get('tool') == 'open_product'), None)  # buy_now buys the product open last
+            out['listed_over'] += (listed_price(t, bought) or 0) > b
+    return out
