@@ -292,6 +292,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.read_trajectories': ( 'evaluate.html#read_trajectories',
                                                                                       'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.results_rows': ('evaluate.html#results_rows', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.scripted_policy': ( 'evaluate.html#scripted_policy',
                                                                                     'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.set_aside_failed': ( 'evaluate.html#set_aside_failed',

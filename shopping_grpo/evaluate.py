@@ -31,7 +31,7 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256',
            'write_summary', 'evaluate', 'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary',
            'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings',
-           'first_look', 'listed_price', 'budget_habit']
+           'results_rows', 'first_look', 'listed_price', 'budget_habit']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -654,18 +654,21 @@ def compare_wordings(run_dir, model:str, benchmark:str='freeform', seed:int=0, n
 # %% ../nbs/07_evaluate.ipynb #9db0ff13
 RESULT_ROW = re.compile(r'^\d+\|(\w+)\|([\d.]+)\|', re.M)  # a results row: rank|asin|price|...
 
+def results_rows(t:dict) -> list[list[tuple[str, str]]]:
+    "The rows (asin, price as written) of each results page trajectory `t` was shown, page by page."
+    return [RESULT_ROW.findall(m['content']) for m in t['messages']
+            if m['role'] == 'tool' and (m.get('content') or '').startswith('[search_results]')]
+
 def first_look(t:dict) -> tuple[list[tuple[str, float]], str|None]:
     "The rows (asin, price) of the first results page of trajectory `t`, and the first product it opened (None: none)."
-    page = next((RESULT_ROW.findall(m['content']) for m in t['messages'] if m['role'] == 'tool'
-                 and (m.get('content') or '').startswith('[search_results]')), [])
+    page = next(iter(results_rows(t)), [])
     opened = next((e['data']['arguments'].get('asin') for e in t['events']
                    if e['kind'] == 'action' and e['data'].get('tool') == 'open_product'), None)
     return [(a, float(p)) for a, p in page], opened
 
 def listed_price(t:dict, asin:str) -> float|None:
     "The price the first results page that listed `asin` showed for it (its listed variant's); None if none did."
-    return next((float(p) for m in t['messages'] if m['role'] == 'tool' and (m.get('content') or '').startswith('[search_results]')
-                 for a, p in RESULT_ROW.findall(m['content']) if a == asin), None)
+    return next((float(p) for page in results_rows(t) for a, p in page if a == asin), None)
 
 def budget_habit(trajs:list[dict], budgets:dict) -> dict:
     "Trajectories against the budgets of their tasks (by task id): the first product opened, and the purchases over budget."

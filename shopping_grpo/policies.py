@@ -68,7 +68,7 @@ PARTS = dict(  # the pieces of a line's lists
     title="title shows {x}", options="options {x} offered", features="features {x} read", selected="{x} selected",
     left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
-    no_feature="features without {x}", passed="{asin} ({lacks})", other_category="category {x}")
+    no_feature="features without {x}", passed="{asin} ({lacks})")
 
 LAST_JOINT = ' and '  # between the last two items of a list in a line
 

@@ -360,7 +360,7 @@ def verl_train(run:str=typer.Option('outputs/verl', help=RUN_HELP),
         raise typer.BadParameter(f"veRL's environment {verl_python().parent.parent} is missing: run `make verl-env`")
     rec = verl_prepare(recipe, launch, run, set_ or [])
     typer.echo(show_command(rec['command']), err=True)
-    raise typer.Exit(subprocess.call(rec['command'], cwd=str(ROOT), env={**os.environ, 'PYTHONPATH': str(ROOT)}))
+    typer.echo(verl_launch(rec, run))  # watched as the notebook watches it: resumes, stops on a non-finite loss
 
 # %% ../nbs/06a_verl.ipynb #cdaf8217
 WATCHED = ('actor/pg_loss', 'actor/grad_norm')  # what must stay finite in every step veRL logs
@@ -449,9 +449,9 @@ def _joined(key:str, parts:list):
     import torch
     from torch.distributed.tensor import DTensor
     if not isinstance(parts[0], DTensor): return parts[0]
-    shard = [p for p in parts[0].placements if p.is_shard()]
     if len(parts[0].placements) != 1:
         raise ValueError(f"{key}: a checkpoint sharded over a {len(parts[0].placements)}-D device mesh is not joined here")
+    shard = [p for p in parts[0].placements if p.is_shard()]
     return torch.cat([p.to_local() for p in parts], dim=shard[0].dim) if shard else parts[0].to_local()
 
 def verl_adapter(run_dir, base_model:str|None=None) -> Path:
@@ -460,8 +460,8 @@ def verl_adapter(run_dir, base_model:str|None=None) -> Path:
     from peft import LoraConfig
     from safetensors.torch import save_file
     v, step = Path(run_dir).resolve()/'verl', verl_checkpoint_step(run_dir)
-    actor = v/'checkpoints'/f'global_step_{step}'/'actor'
     if not step: raise FileNotFoundError(f"{v/'checkpoints'} holds no veRL checkpoint (global_step_N): train first")
+    actor = v/'checkpoints'/f'global_step_{step}'/'actor'
     world = json.loads((actor/'fsdp_config.json').read_text())['world_size']
     ranks = [torch.load(actor/f'model_world_size_{world}_rank_{r}.pt', map_location='cpu', weights_only=False)
              for r in range(world)]
