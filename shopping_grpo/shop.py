@@ -38,7 +38,9 @@ def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, la
                  progress:bool=True,
                  wording:str|None=None,  # 'template' | 'varied' | 'mixed' (wordings of `01_tasks`); None: the files present
                  ) -> Shop:
-    "Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`; `sizes=None` loads the task files present."
+    """Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`: the first `sizes[split]` tasks of each split
+    (`sizes=None`: the task files present, whole). Task files are written only where missing, short or in another wording
+    than `wording` asks (None: the wording of the files present), and never with fewer tasks than they held."""
     run_dir = Path(run_dir)
     build_catalog(run_dir/'catalog', n_products, seed, progress=progress)
     catalog = Catalog.load(run_dir/'catalog', lang)
@@ -50,17 +52,20 @@ def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, la
     for s in sizes:
         path = run_dir/'tasks'/f'{s}_{lang}.jsonl'
         if path.exists(): tasks[s] = read_tasks(path, catalog)
-    counted = [s for s in sizes if sizes[s] >= 0 and not (s == 'eval' and frozen)]
     kind = lambda t: 'template' if not t.wording else 'mixed' if t.wording.endswith('+words') else 'varied'
+    trained = {kind(t) for s, ts in tasks.items() if s != 'eval' for t in ts}
+    asked = wording or ('mixed' if 'mixed' in trained else 'varied' if 'varied' in trained else 'template')
     fits = dict(template={'template'}, varied={'varied'}, mixed={'template', 'mixed'})  # mixed: some kept in the template
-    worded = lambda ts: wording is None or ({kind(t) for t in ts} <= fits[wording] and
-                                            (wording != 'mixed' or not ts or ts[0].split == 'eval' or 'mixed' in {kind(t) for t in ts}))
+    worded = lambda ts: ({kind(t) for t in ts} <= fits[asked] and
+                         (asked != 'mixed' or not ts or ts[0].split == 'eval' or 'mixed' in {kind(t) for t in ts}))
     stale = [s for s in tasks if not worded(tasks[s])]  # written in the other wording: made again
-    if set(tasks) != set(sizes) or stale or any(len(tasks[s]) != sizes[s] for s in counted):
-        made = make_tasks(catalog, sizes, task_seed, lang, progress, wording=wording or 'template')
-        for s, ts in made.items():
+    short = [s for s in tasks if 0 <= sizes[s] and len(tasks[s]) < sizes[s] and not (s == 'eval' and frozen)]
+    if set(tasks) != set(sizes) or stale or short:  # made again, never fewer than a file holds: a run's files stay whole
+        want = {s: max(n, len(tasks.get(s, ()))) for s, n in sizes.items()}
+        for s, ts in make_tasks(catalog, want, task_seed, lang, progress, wording=asked).items():
             write_tasks(run_dir/'tasks'/f'{s}_{lang}.jsonl', ts, catalog)
             tasks[s] = ts
+    tasks = {s: ts[:sizes[s]] if sizes[s] >= 0 else ts for s, ts in tasks.items()}  # a split's first tasks: the same at any size
     if frozen and (data_dir()/f'benchmark_{lang}.jsonl').exists():
         tasks['eval'] = load_benchmark(catalog, lang)
     return Shop(catalog, index, tasks)
