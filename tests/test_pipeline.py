@@ -81,3 +81,17 @@ def test_a_kernel_papermill_starts_inherits_the_capped_thread_pools(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = nbformat.read(tmp_path/'out.ipynb', 4).cells[0].outputs[0]['text']
     assert out.strip() == 'threads 1 1', out
+
+
+def test_a_runs_wording_survives_the_stages_after_01_tasks(tmp_path):
+    """02_reward and 02c_shoppers play a few of the run's tasks; the task files keep, byte for byte, the wording 01_tasks
+    wrote (a demonstration once rewrote a mixed run's files in the template wording, and 04_collect collected on them)."""
+    prof = tmp_path/'mixed.yaml'; run = tmp_path/'run'
+    prof.write_text("n_products: 1500\nseed: 0\ntask_seed: 1\nlang: en\nwording: mixed\nn_eval: 10\n"
+                    "split_sizes: {sft: 80, grpo_train: 40, grpo_val: 20, eval: 10}\n")
+    run_pipeline(prof, run)
+    written = {p.name: p.read_bytes() for p in (run/'tasks').glob('*.jsonl')}
+    sft = [json.loads(l) for l in written['sft_en.jsonl'].decode().splitlines()[1:]]
+    assert len(sft) == 80 and 0 < sum('wording' in t for t in sft) < 80  # about half reworded
+    run_pipeline(prof, run, '00_env,01_tasks,02_reward,02c_shoppers')
+    assert {p.name: p.read_bytes() for p in (run/'tasks').glob('*.jsonl')} == written
