@@ -228,9 +228,11 @@ def write_collection(out_dir, tasks:list[Task], done:dict, shop:Shop, config:dic
     out_dir, target = Path(out_dir), config.get('target_accepted')
     considered, acc, reached = accepted_prefix([t.task_id for t in tasks], done, target)
     cons, accepted = [done[i] for i in considered], [done[i] for i in acc]
+    by_id = {t.task_id: t for t in tasks}
     a = dict(n_tasks=len(tasks), n_raw=len(done), n_considered=len(cons), n_accepted=len(accepted),
              acceptance_rate=round(len(accepted) / max(1, len(cons)), 4), target_accepted=target,
              target_reached=reached,
+             wordings=dict(Counter(by_id[i].wording or 'template' for i in acc).most_common()),  # the requests' styles, as trained on
              rejections=dict(Counter(x for r in cons if (x := rejection(r))).most_common()),
              outcomes=dict(Counter(r['reward_detail']['outcome'] for r in cons).most_common()),
              flags=dict(sum((Counter(r.get('flags') or {}) for r in cons), Counter()).most_common()),
