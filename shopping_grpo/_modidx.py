@@ -248,6 +248,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.evaluate.check_events': ('evaluate.html#check_events', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.check_infrastructure': ( 'evaluate.html#check_infrastructure',
                                                                                          'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.check_no_retries': ( 'evaluate.html#check_no_retries',
+                                                                                     'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.check_outcome': ( 'evaluate.html#check_outcome',
                                                                                   'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.check_repeats': ( 'evaluate.html#check_repeats',

@@ -26,12 +26,12 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks',
            'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy',
            'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed',
-           'prepare_folder', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates',
-           'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum',
-           'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256',
-           'write_summary', 'evaluate', 'eval_folder', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary',
-           'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings',
-           'results_rows', 'first_look', 'listed_price', 'budget_habit']
+           'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts',
+           'check_candidates', 'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure',
+           'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
+           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model',
+           'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
+           'write_comparison', 'compare_wordings', 'results_rows', 'first_look', 'listed_price', 'budget_habit']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -233,6 +233,21 @@ def prepare_folder(out_dir, settings:dict) -> Path:
     pin_run(out_dir, settings, OBSOLETE)
     set_aside_failed(path)
     return path
+
+# %% ../nbs/07_evaluate.ipynb #cf5a09b1
+def check_no_retries(run_dir, folders) -> int:
+    "Raise if an evaluation folder of `run_dir/eval/` holds episodes a new run would play again (`RETRY`); the number of folders checked."
+    pending = {}
+    for name in folders:
+        recs = read_jsonl(Path(run_dir)/'eval'/name/'trajectories.jsonl', warn=False)[0]
+        if failed := [r for r in recs if r.get('termination_reason') in RETRY]:
+            end = next((e.get('data', {}) for e in reversed(failed[0].get('events') or []) if e.get('kind') == 'end'), {})
+            pending[name] = (len(failed), f"{failed[0]['termination_reason']}: {end.get('message', '')}"[:160].strip(': '))
+    if pending:
+        raise RuntimeError('episodes ended by an infrastructure failure, not recorded as results: '
+                           + '; '.join(f'{n} of {name} (first: {why})' for name, (n, why) in pending.items())
+                           + '. Run the stage again: finished episodes are kept and only these are played again')
+    return len(folders)
 
 # %% ../nbs/07_evaluate.ipynb #6ffddd82
 def read_trajectories(path, tasks:list[Task]) -> tuple[dict[str, dict], dict]:

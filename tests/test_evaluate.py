@@ -8,7 +8,7 @@ import pytest
 
 from shopping_grpo.tasks import write_tasks
 from shopping_grpo.model import free_port
-from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata, write_summary, BenchmarkMismatch, compare
+from shopping_grpo.evaluate import evaluate_model, benchmark_tasks, task_strata, write_summary, BenchmarkMismatch, compare, check_no_retries
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG, SIZES
 
 WORKER = f'''
@@ -147,6 +147,7 @@ def test_endpoint_down_counted_then_resumed(shop, tmp_path, monkeypatch):
     assert (s['status'], f['n_tasks'], f['n_episodes'], f['not_judged'], f['strict_success'], f['mean_reward']) == ({'not_judged': 6}, 6, 6, 6, 0.0, 0.0)
     path = tmp_path/'eval'/'remote'/'trajectories.jsonl'
     assert [json.loads(l)['termination_reason'] for l in path.read_text().splitlines()] == ['generation_error'] * 6
+    with pytest.raises(RuntimeError, match=r'6 of remote \(first: generation_error: .*\). Run the stage again'): check_no_retries(tmp_path, ['remote'])
     srv = http.server.ThreadingHTTPServer(('127.0.0.1', port), Prose); srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
@@ -156,6 +157,7 @@ def test_endpoint_down_counted_then_resumed(shop, tmp_path, monkeypatch):
     assert s2['status'] == {'ok': 6} and s2['figures']['malformed_per_episode'] == 3.0
     assert sorted(task_ids(path)) == [t.task_id for t in shop.tasks['eval'][:6]] and n_lines(path) == 6
     assert [json.loads(l)['termination_reason'] for l in (path.parent/'trajectories.retried.jsonl').read_text().splitlines()] == ['generation_error'] * 6
+    assert check_no_retries(tmp_path, ['remote']) == 1  # the stage may now be recorded
     assert not any(b'sk-test-not-to-be-written' in v for v in snapshot(tmp_path).values())  # the key is never written
 
 
