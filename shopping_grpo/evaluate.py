@@ -31,7 +31,8 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
            'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model',
            'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
-           'write_comparison', 'compare_wordings', 'results_rows', 'first_look', 'listed_price', 'budget_habit']
+           'write_comparison', 'compare_wordings', 'results_rows', 'first_look', 'listed_price', 'budget_habit',
+           'opened_asins', 'target_seen']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -700,4 +701,20 @@ def budget_habit(trajs:list[dict], budgets:dict) -> dict:
             bought = next((e['data']['arguments'].get('asin') for e in reversed(t['events']) if e['kind'] == 'action'
                            and e['data'].get('tool') == 'open_product'), None)  # buy_now buys the product open last
             out['listed_over'] += (listed_price(t, bought) or 0) > b
+    return out
+
+# %% ../nbs/07_evaluate.ipynb #11dbc8cf
+def opened_asins(t:dict) -> list[str]:
+    "The asins trajectory `t` opened, in order."
+    return [e['data']['arguments'].get('asin') for e in t['events'] if e['kind'] == 'action' and e['data'].get('tool') == 'open_product']
+
+def target_seen(trajs:list[dict], targets:dict) -> dict:
+    "Trajectories against their tasks' targets (asin by task id): on the first results page, opened, and the episodes that end without a purchase, with the target opened or not."
+    out = dict(found_first=0, opened_target=0, no_purchase=0, no_purchase_opened_target=0)
+    for t in trajs:
+        target, seen = targets[t['task_id']], opened_asins(t)
+        out['found_first'] += target in {a for a, _ in first_look(t)[0]}
+        out['opened_target'] += target in seen
+        out['no_purchase'] += t['termination_reason'] != 'purchase'
+        out['no_purchase_opened_target'] += t['termination_reason'] != 'purchase' and target in seen
     return out
