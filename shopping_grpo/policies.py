@@ -7,13 +7,13 @@ from __future__ import annotations
 import json, os, re
 from fastcore.basics import patch
 from .env import parse_action
-from .tasks import Task
+from .tasks import Task, mixed_words, names_any, wording_words
 from .tools import from_text_action, tool_schemas
-from .shoppers import ExpertShopper
+from .shoppers import ExpertShopper, option_value
 
 # %% auto #0
 __all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'PASSED_NAMED', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
-           'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
+           'request_words', 'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
 
 # %% ../nbs/03c_policies.ipynb #376d4657
 class ShopperPolicy:
@@ -68,7 +68,8 @@ PARTS = dict(  # the pieces of a line's lists
     title="title shows {x}", options="options {x} offered", features="features {x} read", selected="{x} selected",
     left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
-    no_feature="features without {x}", passed="{asin} ({lacks})")
+    no_feature="features without {x}", passed="{asin} ({lacks})",
+    asked="{x} (asked as {said})")  # a feature or option value the request names in other words
 
 LAST_JOINT = ' and '  # between the last two items of a list in a line
 
@@ -89,6 +90,7 @@ class ReasonWriter:
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
+        self.said = request_words(task, self.s.catalog.by_asin(task.facts.target_asin))  # (axis, value) -> the request's words
     def __call__(self, state:dict, action:str) -> str:
         verb, arg = parse_action(action)
         t = state['page_type']
@@ -155,10 +157,10 @@ def _lacks(self:ReasonWriter, state:dict) -> list[str]:
     s, axes = self.s, {o['name']: o['values'] for o in state['options']}
     out = [PARTS['wrong_brand'].format(x=state['brand'], want=s.brand) if s.brand and state['brand'] != s.brand else '',
            PARTS['no_model'].format(x=s.model) if s.model and s.model not in state['title'] else '']
-    out += [PARTS['no_option'].format(x=v) for k, v in s.opts.items() if v not in axes.get(k, [])]
+    out += [PARTS['no_option'].format(x=self._asked(v, k)) for k, v in s.opts.items() if v not in axes.get(k, [])]
     if state['asin'] in self.features:
         text = ' '.join(self.features[state['asin']]).lower()
-        if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*miss)))
+        if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*map(self._asked, miss))))
     chosen = all(o['selected'] == s.opts.get(o['name'], o['selected']) for o in state['options'])
     if chosen and self.budget is not None and (state['price'] is None or state['price'] > self.budget):
         out.append(self._price(state['price']))  # the price of the requested variant only
@@ -180,13 +182,13 @@ def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
     s, asin = self.s, state['asin']
     if arg == '< prev': return REASONS['reject'].format(asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
     if arg == 'features': return REASONS['read_features'].format(asin=asin, shows=self._shows(state, False),
-                                                                feats=_said(*s.feats))
+                                                                feats=_said(*map(self._asked, s.feats)))
     if arg == 'buy now': return REASONS['buy'].format(asin=asin, shows=self._shows(state, True))
     axis = next((o for o in state['options'] if arg in o['values']), None)
     if axis is None: return REASONS['other']
     left = [v for k, v in s.opts.items() if k != axis['name']
             and next((o['selected'] for o in state['options'] if o['name'] == k), None) != v]
-    return REASONS['select'].format(axis=axis['name'], value=arg, left=PARTS['left'].format(x=_said(*left)) if left else '')
+    return REASONS['select'].format(axis=axis['name'], value=self._asked(arg, axis['name']), left=PARTS['left'].format(x=_said(*left)) if left else '')
 
 @patch
 def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
@@ -195,8 +197,29 @@ def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
     self.features[state['asin']] = list(state['content'])
     text = ' '.join(state['content']).lower()
     found = [x for x in self.s.feats if x.lower() in text]
-    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*miss))
-    return REASONS['features_ok'].format(found=_said(*found))
+    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*map(self._asked, miss)))
+    return REASONS['features_ok'].format(found=_said(*map(self._asked, found)))
+
+# %% ../nbs/03c_policies.ipynb #c753d9ae
+def request_words(t:Task, p:dict) -> dict:
+    "The request's own words for each feature and option value of task `t` (target `p`) it names otherwise, by (axis, value) as pages show them (axis None: a feature)."
+    words = wording_words(t.lang)
+    if words is None: return {}
+    alts, out = mixed_words(t.facts, p, words), {}
+    said = lambda shown, xs: None if names_any(t.instruction, [shown]) else next(
+        (x for x in sorted(xs, key=len, reverse=True) if names_any(t.instruction, [x])), None)
+    for k in t.facts.features:
+        shown = p['features'][p['feature_keys'].index(k)]
+        if w := said(shown, alts['features'][k]): out[None, shown] = w
+    for a in p['axes'] or []:
+        if (v := t.facts.options.get(a['key'])) is None: continue
+        if w := said(option_value(p, a['key'], v), alts['options'][v]): out[a['name'], option_value(p, a['key'], v)] = w
+    return out
+
+@patch
+def _asked(self:ReasonWriter, x:str, axis:str|None=None) -> str:
+    "Feature (`axis` None) or option value `x` as a line names it: with the request's words beside it where they differ."
+    return PARTS['asked'].format(x=x, said=w) if (w := self.said.get((axis, x))) else x
 
 # %% ../nbs/03c_policies.ipynb #2cb399ea
 def ungrounded_reasons(rec:dict) -> list[tuple[str, list[str]]]:

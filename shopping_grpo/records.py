@@ -152,7 +152,8 @@ def package_versions(names=('shopping_grpo', 'polars', 'tantivy', 'numpy', 'fast
     return out
 
 # %% ../nbs/00a_records.ipynb #b5f7c261
-def code_sha256(modules=('env', 'tasks', 'reward', 'shop', 'tools', 'episode')) -> str:
+def code_sha256(modules=('env', 'tasks', 'reward', 'shop', 'tools', 'episode',
+                         'shoppers', 'policies', 'generate')) -> str:  # the shop, and the players: scripted teachers, reason lines, decoders
     "SHA-256 over the names and source of the package modules (or module files) that shape a result."
     here = Path(__file__).resolve().parent if '__file__' in globals() else Path('../shopping_grpo').resolve()
     h = hashlib.sha256()
