@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, re
 from fastcore.basics import patch
 from .env import parse_action
-from .tasks import Task, mixed_words, names_any, wording_words
+from .tasks import Task, alternatives, mixed_words, names_any, wording_words
 from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper, option_value
 
@@ -205,15 +205,15 @@ def request_words(t:Task, p:dict) -> dict:
     "The request's own words for each feature and option value of task `t` (target `p`) it names otherwise, by (axis, value) as pages show them (axis None: a feature)."
     words = wording_words(t.lang)
     if words is None: return {}
-    alts, out = mixed_words(t.facts, p, words), {}
+    feats, out = mixed_words(t.facts, p, words)['features'], {}
     said = lambda shown, xs: None if names_any(t.instruction, [shown]) else next(
         (x for x in sorted(xs, key=len, reverse=True) if names_any(t.instruction, [x])), None)
     for k in t.facts.features:
         shown = p['features'][p['feature_keys'].index(k)]
-        if w := said(shown, alts['features'][k]): out[None, shown] = w
+        if w := said(shown, feats[k]): out[None, shown] = w
     for a in p['axes'] or []:
         if (v := t.facts.options.get(a['key'])) is None: continue
-        if w := said(option_value(p, a['key'], v), alts['options'][v]): out[a['name'], option_value(p, a['key'], v)] = w
+        if w := said(shown := option_value(p, a['key'], v), alternatives(words, a['key'], v)): out[a['name'], shown] = w
     return out
 
 @patch
