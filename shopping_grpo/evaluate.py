@@ -31,8 +31,8 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
            'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model',
            'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
-           'write_comparison', 'compare_wordings', 'results_rows', 'first_look', 'listed_price', 'budget_habit',
-           'opened_asins', 'target_seen']
+           'write_comparison', 'compare_wordings', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
+           'budget_habit', 'target_seen']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -675,12 +675,14 @@ def results_rows(t:dict) -> list[list[tuple[str, str]]]:
     return [RESULT_ROW.findall(m['content']) for m in t['messages']
             if m['role'] == 'tool' and (m.get('content') or '').startswith('[search_results]')]
 
+def opened_asins(t:dict) -> list[str]:
+    "The asins trajectory `t` opened, in order."
+    return [e['data']['arguments'].get('asin') for e in t['events'] if e['kind'] == 'action' and e['data'].get('tool') == 'open_product']
+
 def first_look(t:dict) -> tuple[list[tuple[str, float]], str|None]:
     "The rows (asin, price) of the first results page of trajectory `t`, and the first product it opened (None: none)."
     page = next(iter(results_rows(t)), [])
-    opened = next((e['data']['arguments'].get('asin') for e in t['events']
-                   if e['kind'] == 'action' and e['data'].get('tool') == 'open_product'), None)
-    return [(a, float(p)) for a, p in page], opened
+    return [(a, float(p)) for a, p in page], next(iter(opened_asins(t)), None)
 
 def listed_price(t:dict, asin:str) -> float|None:
     "The price the first results page that listed `asin` showed for it (its listed variant's); None if none did."
@@ -698,16 +700,11 @@ def budget_habit(trajs:list[dict], budgets:dict) -> dict:
             out['opened_top_over' if over else 'opened_top_within'] += first == rows[0][0]
         if t['reward_detail'].get('gates', {}).get('budget') == 'fail':
             out['over_budget_buys'] += 1
-            bought = next((e['data']['arguments'].get('asin') for e in reversed(t['events']) if e['kind'] == 'action'
-                           and e['data'].get('tool') == 'open_product'), None)  # buy_now buys the product open last
+            bought = (opened_asins(t) or [None])[-1]  # buy_now buys the product open last
             out['listed_over'] += (listed_price(t, bought) or 0) > b
     return out
 
 # %% ../nbs/07_evaluate.ipynb #11dbc8cf
-def opened_asins(t:dict) -> list[str]:
-    "The asins trajectory `t` opened, in order."
-    return [e['data']['arguments'].get('asin') for e in t['events'] if e['kind'] == 'action' and e['data'].get('tool') == 'open_product']
-
 def target_seen(trajs:list[dict], targets:dict) -> dict:
     "Trajectories against their tasks' targets (asin by task id): on the first results page, opened, and the episodes that end without a purchase, with the target opened or not."
     out = dict(found_first=0, opened_target=0, no_purchase=0, no_purchase_opened_target=0)
@@ -715,6 +712,7 @@ def target_seen(trajs:list[dict], targets:dict) -> dict:
         target, seen = targets[t['task_id']], opened_asins(t)
         out['found_first'] += target in {a for a, _ in first_look(t)[0]}
         out['opened_target'] += target in seen
-        out['no_purchase'] += t['termination_reason'] != 'purchase'
-        out['no_purchase_opened_target'] += t['termination_reason'] != 'purchase' and target in seen
+        stopped = t['termination_reason'] != 'purchase'
+        out['no_purchase'] += stopped
+        out['no_purchase_opened_target'] += stopped and target in seen
     return out
