@@ -29,6 +29,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.project_wheel': ('cli.html#project_wheel', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.publish_run': ('cli.html#publish_run', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.publish_run_command': ('cli.html#publish_run_command', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.published_adapters': ('cli.html#published_adapters', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.published_files': ('cli.html#published_files', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.read_ledger': ('cli.html#read_ledger', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.read_pins': ('cli.html#read_pins', 'shopping_grpo/cli.py'),

@@ -21,10 +21,10 @@ __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_O
            'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
            'record_stage', 'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline',
            'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command',
-           'published_files', 'publish_run', 'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command',
-           'seed_eval', 'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
-           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
-           'pack_offline_command', 'docs_command', 'readme_command']
+           'published_files', 'publish_run', 'published_adapters', 'restore_adapter', 'publish_run_command', 'seed_run',
+           'seed_run_command', 'seed_eval', 'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins',
+           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
+           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -437,13 +437,17 @@ def publish_run(run_dir, dest, adapters=PUBLISH_ADAPTERS, max_mb:float=PUBLISH_M
     return man
 
 # %% ../nbs/99_cli.ipynb #5ec55a7d
+def published_adapters(man:dict) -> list[str]:
+    "The adapters a publication's manifest `man` holds: those asked for, less those its run did not have."
+    return [a for a in man['adapters'] if a not in man.get('missing_adapters', ())]
+
 def restore_adapter(published, adapter:str, out) -> Path:
     "The published adapter `adapter` (e.g. 'grpo/adapter') joined from its pieces into `out`, checked; `out`."
     import hashlib, shutil
     published, out = Path(published), Path(out)
     man = json.loads((published/'PUBLISHED.json').read_text())
     rec = next((f for f in man['files'] if f['path'] == f'{adapter}/adapter_model.safetensors'), None)
-    if rec is None: raise KeyError(f"{published} publishes no adapter {adapter!r}; it has {man['adapters']}")
+    if rec is None: raise KeyError(f"{published} publishes no adapter {adapter!r}; it has {published_adapters(man) or 'none'}")
     out.mkdir(parents=True, exist_ok=True)
     data = b''.join((published/p['name']).read_bytes() for p in rec['pieces'])
     if hashlib.sha256(data).hexdigest() != rec['sha256']: raise ValueError(f"{published/adapter}'s pieces are damaged: publish again")
@@ -470,7 +474,7 @@ def seed_run(published, run_dir, adapters:tuple|None=None, progress:bool=True) -
     from shopping_grpo.records import write_atomic, sha256_file
     published, run_dir = Path(published), Path(run_dir).resolve()
     man = json.loads((published/'PUBLISHED.json').read_text())
-    for a in (man['adapters'] if adapters is None else adapters):
+    for a in (published_adapters(man) if adapters is None else adapters):
         stage, src = run_dir/Path(a).parts[0], published/Path(a).parts[0]
         out = restore_adapter(published, a, run_dir/a)
         rec = json.loads((src/'merged'/'merged.json').read_text())  # what it was merged onto

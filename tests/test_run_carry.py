@@ -126,3 +126,16 @@ def test_a_run_seeded_from_a_published_one_holds_its_models(trained_run, tmp_pat
         assert a.keys() == b.keys() and all(torch_allclose(a[k], b[k]) for k in a), m
     with pytest.raises(KeyError, match='publishes no adapter'):
         seed_run(tmp_path/'published', tmp_path/'other', ('ppo/adapter',), progress=False)
+
+
+def test_a_run_seeded_from_an_sft_only_publication_takes_its_sft_model(trained_run, tmp_path):
+    "A publication of a run that stopped after SFT lists its GRPO adapter as missing; seed-run takes what it holds and merges it."
+    from shopping_grpo.cli import publish_run
+    shutil.rmtree(trained_run/'grpo')
+    man = publish_run(trained_run, tmp_path/'published', piece_mb=0.002)
+    assert man['missing_adapters'] == ['grpo/adapter']
+    r = CliRunner().invoke(app, ['seed-run', str(tmp_path/'published'), str(tmp_path/'seeded')])
+    assert r.exit_code == 0, r.output
+    a, b = weights(trained_run/'sft'/'merged'), weights(tmp_path/'seeded'/'sft'/'merged')
+    assert a.keys() == b.keys() and all(torch_allclose(a[k], b[k]) for k in a)
+    assert not (tmp_path/'seeded'/'grpo').exists()
