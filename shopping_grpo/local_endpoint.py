@@ -11,7 +11,7 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['AnswerProbe', 'walk', 'SchemaDecoder', 'LocalEndpoint']
+__all__ = ['AnswerProbe', 'walk', 'SchemaDecoder', 'common_prefix', 'copy_columns', 'LocalEndpoint']
 
 # %% ../nbs/08a_local_endpoint.ipynb #5f4cfa56
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class _Job:
     free: list = field(default_factory=list)
     row: int = -1
     held: int = 0             # ids the row already holds
+    ids: list = field(default_factory=list)  # those ids, in order (len(ids) == held)
     prompt: int = 0           # ids of the prompt
     t0: float = 0.0
 
@@ -95,12 +96,16 @@ class SchemaDecoder:
     """Greedy answers that follow a JSON schema, for many requests at once: code writes the structure, the model
     chooses among the allowed options token by token and writes the free strings; one `SlotDecoder` row a request."""
     def __init__(self, decoder, max_free_tokens:int=64, max_any_tokens:int=512,
-                 force_choices:bool=True):  # False: a pass for every token of a choice, even one its options leave no room in
+                 force_choices:bool=True,  # False: a pass for every token of a choice, even one its options leave no room in
+                 share_prefix:bool=True,   # a request starts after the longest start of its prompt a row holds (copied into its row)
+                 min_shared:int=16):       # ... when that start is at least this many ids
         self.dec, self.tok = decoder, decoder.tok
         self.max_free_tokens, self.max_any_tokens, self.force_choices = max_free_tokens, max_any_tokens, force_choices
+        self.share_prefix, self.min_shared = share_prefix, min_shared
         inside, closing = _string_tokens(self.tok)
         self.closing, self.string_ids, self._options = set(closing), inside + closing, {}
         self.calls, self.prompt_tokens, self.answer_tokens, self.forced_tokens = 0, 0, 0, 0
+        self.prefilled_tokens, self.shared_tokens, self.copied_tokens = 0, 0, 0  # ids passes computed; prompt ids a row held; of those, copied from a busy row
     def ids(self, text:str) -> list[int]: return self.tok.encode(text, add_special_tokens=False)
     def option_ids(self, options:list[str]) -> list[tuple[int, list[int]]]:
         "Each option's index and ids (tokenized once), checked to be prefix-free (no greedy walk could end in two)."
@@ -212,6 +217,39 @@ def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
         elif j.step[0] == 'probe': out[i] = logits[i].float().softmax(-1)[j.options].tolist()
     return out
 
+# %% ../nbs/08a_local_endpoint.ipynb #8f70e747
+def common_prefix(a:list, b:list) -> int:
+    "How many leading ids `a` and `b` share."
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest equal start lies in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]: lo = mid
+        else: hi = mid - 1
+    return lo
+
+def copy_columns(cache, src:int, dst:int, n:int):
+    "Copy the keys and values of the first `n` columns of row `src` of a `row_cache` into row `dst`, every layer."
+    for layer in cache.layers:
+        layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+        layer.values[dst, :, :n] = layer.values[src, :, :n]
+
+# %% ../nbs/08a_local_endpoint.ipynb #055dc827
+@patch
+def _shared(self:SchemaDecoder, p:list[int], free:list[int], held:list[list[int]], live:list) -> tuple[int, int]:
+    """The row a new request with prompt `p` takes from `free`, and how many of its ids that row holds already: the longest
+    start of `p` (one id short of it at most) that a free row (`held`) or a live job holds, copied in from a live one."""
+    best = lambda rows: max(((min(common_prefix(p, ids), len(p) - 1), r) for r, ids in rows), default=(0, None))
+    n, row = best((r, held[r]) for r in free)
+    m, src = best((j.row, j.ids) for j in live)
+    if not self.share_prefix or max(n, m) < self.min_shared: return free.pop(), 0
+    if n >= m:
+        free.remove(row)
+        return row, n
+    row = free.pop()
+    copy_columns(self.dec.cache, src, row, m)
+    self.copied_tokens += m
+    return row, m
+
 # %% ../nbs/08a_local_endpoint.ipynb #3532d05d
 @patch
 def answer(self:SchemaDecoder, prompts:list[list[int]], schemas:list) -> list[str]:
@@ -228,10 +266,12 @@ def run(self:SchemaDecoder, get):
     long, a schema it cannot decode) fails alone; a pass that fails fails every live request, then propagates."""
     import torch
     dec, live, free, closed = self.dec, [], list(range(self.dec.rows)), False
+    held = [[] for _ in range(dec.rows)]  # the ids a free row's cache still holds
     dec._ensure()
     room = dec.max_context - 1  # ids a row may hold: the decoder's last column is scratch
     def finish(job, text=None, error=None):
         free.append(job.row)
+        held[job.row] = job.ids if error is None else []
         if error is not None: job.future.set_exception(error)
         else:
             self.answer_tokens += job.held - job.prompt
@@ -253,8 +293,9 @@ def run(self:SchemaDecoder, get):
             if item is None: break
             p, schema, fut = item
             if not fut.set_running_or_notify_cancel(): continue
-            job = _Job(walk(schema), fut, pending=list(p), row=free.pop(), prompt=len(p))
-            self.prompt_tokens += len(p)
+            row, n = self._shared(p, free, held, live)
+            job = _Job(walk(schema), fut, pending=list(p[n:]), row=row, held=n, ids=list(p[:n]), prompt=len(p))
+            self.prompt_tokens, self.shared_tokens = self.prompt_tokens + len(p), self.shared_tokens + n
             if len(p) + 2 * self.max_free_tokens > room:
                 finish(job, error=ValueError(f"a prompt of {len(p)} tokens does not fit {dec.max_context}"))
             elif move(job, self._advance): live.append(job)
@@ -275,7 +316,9 @@ def run(self:SchemaDecoder, get):
             raise
         self.calls += 1
         for j in live:
+            self.prefilled_tokens += len(j.pending)
             j.held += len(j.pending)
+            j.ids += j.pending
             j.pending = []
         live = [j for j, b in zip(live, best) if move(j, self._decide, b)]
 
@@ -284,8 +327,9 @@ class LocalEndpoint:
     """The project's own model as the judge's or curator's endpoint: `chat` and `public` as `Endpoint` has them,
     answered in-process by a `SchemaDecoder` that batches the requests of all threads waiting on it."""
     def __init__(self, model:str='qwen2.5-0.5b', rows:int=64, max_context:int=8192, max_free_tokens:int=64,
-                 device:str|None=None, prefill_tokens:int=32768, name:str|None=None):
-        self.model, self.rows, self.max_context, self.device = model, rows, max_context, device
+                 device:str|None=None, prefill_tokens:int=32768, name:str|None=None,
+                 share_prefix:bool=True):  # a request starts after the longest start of its prompt a row holds (SchemaDecoder)
+        self.model, self.rows, self.max_context, self.device, self.share_prefix = model, rows, max_context, device, share_prefix
         self.max_free_tokens, self.prefill_tokens, self.name = max_free_tokens, prefill_tokens, name or model
         self.requests, self.engine, self.lock = queue.Queue(), None, threading.Lock()
         self.thread, self.failure, self.closed = None, None, False
@@ -308,7 +352,7 @@ def start(self:LocalEndpoint) -> LocalEndpoint:
                           device=self.device, prefill_tokens=self.prefill_tokens, max_new_tokens=1)
         m = EMBEDDED_MODELS.get(self.model)
         self.template = load_chat_template() if m is not None and m.project_template else None
-        self.engine = SchemaDecoder(dec, self.max_free_tokens)
+        self.engine = SchemaDecoder(dec, self.max_free_tokens, share_prefix=self.share_prefix)
         def get(block):
             try: item = self.requests.get(block=block)
             except queue.Empty: return None
