@@ -11,7 +11,7 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['AnswerProbe', 'walk', 'SchemaDecoder', 'common_prefix', 'copy_columns', 'LocalEndpoint']
+__all__ = ['AnswerProbe', 'walk', 'SchemaDecoder', 'prefix_lengths', 'copy_columns', 'LocalEndpoint']
 
 # %% ../nbs/08a_local_endpoint.ipynb #5f4cfa56
 @dataclass(frozen=True)
@@ -87,7 +87,6 @@ class _Job:
     free: list = field(default_factory=list)
     row: int = -1
     held: int = 0             # ids the row already holds
-    ids: list = field(default_factory=list)  # those ids, in order (len(ids) == held)
     prompt: int = 0           # ids of the prompt
     t0: float = 0.0
 
@@ -218,14 +217,12 @@ def _best(self:SchemaDecoder, jobs:list[_Job], logits) -> list[int]:
     return out
 
 # %% ../nbs/08a_local_endpoint.ipynb #8f70e747
-def common_prefix(a:list, b:list) -> int:
-    "How many leading ids `a` and `b` share."
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # the longest equal start lies in [lo, hi]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]: lo = mid
-        else: hi = mid - 1
-    return lo
+def prefix_lengths(held, lens, p:list[int]):
+    "For each row of `held` (an array of ids, rows x columns; the first `lens[r]` of row r are what it holds), how many leading ids of `p` it holds."
+    import numpy as np
+    k = min(len(p), held.shape[1])
+    eq = held[:, :k] == np.asarray(p[:k], dtype=held.dtype)
+    return np.minimum(np.where(eq.all(1), k, eq.argmin(1)), lens)
 
 def copy_columns(cache, src:int, dst:int, n:int):
     "Copy the keys and values of the first `n` columns of row `src` of a `row_cache` into row `dst`, every layer."
@@ -235,20 +232,23 @@ def copy_columns(cache, src:int, dst:int, n:int):
 
 # %% ../nbs/08a_local_endpoint.ipynb #055dc827
 @patch
-def _shared(self:SchemaDecoder, p:list[int], free:list[int], held:list[list[int]], live:list) -> tuple[int, int]:
+def _shared(self:SchemaDecoder, p:list[int], free:list[int], held, lens, busy:list[int]) -> tuple[int, int]:
     """The row a new request with prompt `p` takes from `free`, and how many of its ids that row holds already: the longest
-    start of `p` (one id short of it at most) that a free row (`held`) or a live job holds, copied in from a live one."""
-    best = lambda rows: max(((min(common_prefix(p, ids), len(p) - 1), r) for r, ids in rows), default=(0, None))
-    n, row = best((r, held[r]) for r in free)
-    m, src = best((j.row, j.ids) for j in live)
-    if not self.share_prefix or max(n, m) < self.min_shared: return free.pop(), 0
-    if n >= m:
-        free.remove(row)
-        return row, n
+    start of `p` (one id short of it at most) that a free row or a `busy` one holds (`held`, `lens`), copied in from a busy one."""
+    import numpy as np
+    if not self.share_prefix: return free.pop(), 0
+    n = np.minimum(prefix_lengths(held, lens, p), len(p) - 1)
+    f = max(free, key=lambda r: n[r])
+    b = max(busy, key=lambda r: n[r], default=f)
+    if max(n[f], n[b]) < self.min_shared: return free.pop(), 0
+    if n[f] >= n[b]:
+        free.remove(f)
+        return f, int(n[f])
     row = free.pop()
-    copy_columns(self.dec.cache, src, row, m)
-    self.copied_tokens += m
-    return row, m
+    copy_columns(self.dec.cache, b, row, int(n[b]))
+    held[row, :n[b]] = held[b, :n[b]]
+    self.copied_tokens += int(n[b])
+    return row, int(n[b])
 
 # %% ../nbs/08a_local_endpoint.ipynb #3532d05d
 @patch
@@ -264,14 +264,15 @@ def run(self:SchemaDecoder, get):
     """Serve requests from `get(block)` ((prompt ids, schema, future), or None when none is waiting) in the decoder's
     rows until it raises StopIteration; `block` is True when no row is busy. A request that cannot be answered (too
     long, a schema it cannot decode) fails alone; a pass that fails fails every live request, then propagates."""
-    import torch
+    import numpy as np, torch
     dec, live, free, closed = self.dec, [], list(range(self.dec.rows)), False
-    held = [[] for _ in range(dec.rows)]  # the ids a free row's cache still holds
+    held = np.zeros((dec.rows, dec.max_context), dtype=np.int64)  # the ids each row's cache holds: its first lens[row]
+    lens = np.zeros(dec.rows, dtype=np.int64)
     dec._ensure()
     room = dec.max_context - 1  # ids a row may hold: the decoder's last column is scratch
     def finish(job, text=None, error=None):
         free.append(job.row)
-        held[job.row] = job.ids if error is None else []
+        if error is not None: lens[job.row] = 0  # a failed pass may have left the row half written
         if error is not None: job.future.set_exception(error)
         else:
             self.answer_tokens += job.held - job.prompt
@@ -293,8 +294,9 @@ def run(self:SchemaDecoder, get):
             if item is None: break
             p, schema, fut = item
             if not fut.set_running_or_notify_cancel(): continue
-            row, n = self._shared(p, free, held, live)
-            job = _Job(walk(schema), fut, pending=list(p[n:]), row=row, held=n, ids=list(p[:n]), prompt=len(p))
+            row, n = self._shared(p, free, held, lens, [j.row for j in live])
+            lens[row] = n
+            job = _Job(walk(schema), fut, pending=list(p[n:]), row=row, held=n, prompt=len(p))
             self.prompt_tokens, self.shared_tokens = self.prompt_tokens + len(p), self.shared_tokens + n
             if len(p) + 2 * self.max_free_tokens > room:
                 finish(job, error=ValueError(f"a prompt of {len(p)} tokens does not fit {dec.max_context}"))
@@ -317,8 +319,9 @@ def run(self:SchemaDecoder, get):
         self.calls += 1
         for j in live:
             self.prefilled_tokens += len(j.pending)
+            held[j.row, j.held:j.held + len(j.pending)] = j.pending
             j.held += len(j.pending)
-            j.ids += j.pending
+            lens[j.row] = j.held
             j.pending = []
         live = [j for j, b in zip(live, best) if move(j, self._decide, b)]
 
