@@ -272,8 +272,9 @@ def run(self:SchemaDecoder, get):
     room = dec.max_context - 1  # ids a row may hold: the decoder's last column is scratch
     def finish(job, text=None, error=None):
         free.append(job.row)
-        if error is not None: lens[job.row] = 0  # a failed pass may have left the row half written
-        if error is not None: job.future.set_exception(error)
+        if error is not None:
+            lens[job.row] = 0  # a failed pass may have left the row half written
+            job.future.set_exception(error)
         else:
             self.answer_tokens += job.held - job.prompt
             job.future.set_result(text)
