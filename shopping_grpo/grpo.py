@@ -13,13 +13,13 @@ from fastcore.basics import patch
 from .records import write_atomic, append_record, pin_run, read_jsonl
 from .episode import run_lockstep, run_continuous, TokenEpisode, Episode, ChatRenderer, episode_valid, page_keys
 from .evaluate import evaluate
-from .reward import known_reward, training_reward
+from .reward import known_reward, training_reward, counts_overflow
 
 # %% auto #0
 __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'register_credit',
-           'known_credit', 'credit_advantages', 'episode_info', 'rollout_output', 'reward_function', 'flat_groups',
-           'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout', 'step_figures',
-           'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
+           'known_credit', 'credit_advantages', 'episode_info', 'trains_on', 'rollout_output', 'reward_function',
+           'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
+           'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
            'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
            'load_policy_model', 'attention_as', 'packed_token_logps', 'shop_grpo_trainer', 'drop_none_reward_warning',
            'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart', 'time_chart']
@@ -81,7 +81,8 @@ class GRPORecipe:
     pack_episodes:bool = False
     # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
     credit:str = 'episode'
-    # the reward trained on (02_reward's training_reward): 'v3' Reward v3, 'v3_strict' only gold beats a graceful stop
+    # the reward trained on (02_reward's training_reward): 'v3' Reward v3, 'v3_strict' only gold beats a graceful stop,
+    # 'v3_strict_overflow' that and an episode that outgrew its context trains as one that hit the step limit
     reward:str = 'v3'
     seed:int = 0
     def __post_init__(self):
@@ -143,9 +144,13 @@ def episode_info(rec:dict) -> dict:
                 turn_spans=[list(s) for s in rec['turn_spans']],
                 page_keys=page_keys(rec), guard_rejections=rec['flags'].get('guard_rejection', 0))
 
-def rollout_output(recs:list[dict], end_id:int) -> dict:
-    "TRL's rollout dict for trajectory records (in group order)."
-    ok = [episode_valid(r) for r in recs]
+def trains_on(rec:dict, reward:str='v3') -> bool:
+    "Whether GRPO trains on episode `rec` under training reward `reward`: one Reward v3 scored, or one that outgrew its context where `reward` counts that (02_reward)."
+    return episode_valid(rec) or (counts_overflow(reward) and rec['termination_reason'] == 'context_overflow')
+
+def rollout_output(recs:list[dict], end_id:int, reward:str='v3') -> dict:
+    "TRL's rollout dict for trajectory records (in group order), the episodes that training reward `reward` trains on unmasked."
+    ok = [trains_on(r, reward) for r in recs]
     # an episode that ended before its first turn: one untrained token
     comp = [r['response_ids'] or [end_id] for r in recs]
     mask = [r['response_mask'] if v and r['response_ids'] else [0]*len(c) for r, v, c in zip(recs, ok, comp)]
@@ -157,7 +162,7 @@ def rollout_output(recs:list[dict], end_id:int) -> dict:
 
 # %% ../nbs/06_grpo.ipynb #63003ed6
 def reward_function(kind:str='v3'):
-    "TRL's reward function for the recipe's `reward`: each valid episode's training reward, None for the others."
+    "TRL's reward function for the recipe's `reward`: each trained episode's training reward, None for the others."
     known_reward(kind)
     def reward(completions, shop_reward, episode, **kw) -> list[float|None]:
         return [None if r is None else training_reward(e, kind) for r, e in zip(shop_reward, episode)]
@@ -166,10 +171,10 @@ def reward_function(kind:str='v3'):
 
 # %% ../nbs/06_grpo.ipynb #b5af1be4
 def flat_groups(recs:list[dict], group_size:int, reward:str='v3') -> list[int]:
-    "Indices of the groups whose valid episodes' training rewards (`reward`, see 02_reward) do not vary."
+    "Indices of the groups whose trained episodes' training rewards (`reward`, see 02_reward) do not vary."
     out = []
     for g in range(len(recs) // group_size):
-        rs = [training_reward(r, reward) for r in recs[g * group_size:(g + 1) * group_size] if episode_valid(r)]
+        rs = [training_reward(r, reward) for r in recs[g * group_size:(g + 1) * group_size] if trains_on(r, reward)]
         if len(rs) < 2 or max(rs) - min(rs) < 1e-9: out.append(g)
     return out
 
@@ -350,7 +355,7 @@ def __call__(self:ShopRollout, prompts:list[str], trainer) -> dict:
     finally: model.train(was)
     self.stats[step] = dict(st, rollout_s=time.time() - t0, credit=self.cfg.credit, **step_figures(recs))
     self.episodes = recs
-    return rollout_output(recs, self.r.end_id)
+    return rollout_output(recs, self.r.end_id, self.cfg.reward)
 
 # %% ../nbs/06_grpo.ipynb #f4560215
 def step_figures(recs:list[dict]) -> dict:
@@ -365,7 +370,8 @@ def step_figures(recs:list[dict]) -> dict:
                 mean_turns=sum(r['n_turns'] for r in recs) / max(1, len(recs)),
                 mean_tokens=sum(len(r['response_ids']) for r in recs) / max(1, len(recs)),
                 generated_tokens=sum(r['n_generated'] for r in recs),
-                guard_rejections=sum(r['flags'].get('guard_rejection', 0) for r in recs))
+                guard_rejections=sum(r['flags'].get('guard_rejection', 0) for r in recs),
+                context_overflow=sum(r['termination_reason'] == 'context_overflow' for r in recs))
 
 # %% ../nbs/06_grpo.ipynb #a9aae420
 def grad_state(model) -> str|None:
@@ -489,7 +495,7 @@ def step_record(step:int, logs:dict, st:dict, mon) -> dict:
                             'resample_rounds',
                                          'groups_played', 'episodes', 'episodes_played', 'invalid', 'mean_turns',
                                          'mean_tokens', 'generated_tokens',
-                                         'guard_rejections', 'decoder_calls', 'decode_steps')},
+                                         'guard_rejections', 'context_overflow', 'decoder_calls', 'decode_steps')},
                gen_s=st.get('gen_s'), env_s=st.get('env_s'), train_s=step_s - roll, rollout_s=roll, step_s=step_s,
                tokens_per_s=st['generated_tokens'] / st['gen_s'] if st.get('gen_s') else None,
                episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem,

@@ -11,7 +11,8 @@ from .tasks import Task, TaskFacts, satisfies
 # %% auto #0
 __all__ = ['WEIGHTS', 'REWARDS', 'REQUIREMENT_FIELDS', 'INFRA_REASONS', 'TRAINING_REWARDS', 'NON_GOLD_PURCHASES',
            'partial_reward', 'RewardDetail', 'check_gates', 'resolved_options', 'requirement_match', 'soft_match',
-           'evidence_of', 'score_purchase', 'score_stop', 'score_episode', 'known_reward', 'training_reward']
+           'evidence_of', 'score_purchase', 'score_stop', 'score_episode', 'known_reward', 'counts_overflow',
+           'training_reward']
 
 # %% ../nbs/02_reward.ipynb #87ae315e
 WEIGHTS = dict(brand=0.35, model=0.25, functions=0.25, options=0.15)
@@ -138,7 +139,7 @@ def score_episode(task:Task, log:EpisodeLog, catalog:Catalog) -> RewardDetail:
     raise ValueError(f"unknown termination reason {t!r}")
 
 # %% ../nbs/02_reward.ipynb #53ad31cc
-TRAINING_REWARDS = ('v3', 'v3_strict')                             # the rewards GRPO can train on (GRPORecipe.reward)
+TRAINING_REWARDS = ('v3', 'v3_strict', 'v3_strict_overflow')      # the rewards GRPO can train on (GRPORecipe.reward)
 NON_GOLD_PURCHASES = ('alternative', 'partial', 'wrong_purchase')  # purchases the gates could judge, other than gold
 
 def known_reward(kind:str) -> str:
@@ -147,9 +148,14 @@ def known_reward(kind:str) -> str:
         raise ValueError(f"unknown reward {kind!r}; known: {', '.join(TRAINING_REWARDS)}")
     return kind
 
+def counts_overflow(kind:str) -> bool:
+    "Whether training reward `kind` scores an episode that outgrew its context as the agent's end (the step limit)."
+    return known_reward(kind) == 'v3_strict_overflow'
+
 def training_reward(x, kind:str='v3') -> float:
     "The reward GRPO trains on for `x` (a `RewardDetail`, its dict, or a record that holds one) under `kind`."
     d = x.as_dict() if isinstance(x, RewardDetail) else x.get('reward_detail') or x
-    if known_reward(kind) == 'v3_strict' and d.get('outcome') in NON_GOLD_PURCHASES:
+    if counts_overflow(kind) and d.get('termination_reason') == 'context_overflow': return REWARDS['max_steps']
+    if kind != 'v3' and d.get('outcome') in NON_GOLD_PURCHASES:
         return min(d['reward'], REWARDS['graceful_stop'])
     return d['reward']

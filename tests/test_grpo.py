@@ -366,3 +366,32 @@ def test_the_recipe_reward_reaches_trl(shop, tiny, renderer, tmp_path, monkeypat
     assert v3 == out['shop_reward'] == [r['reward'] if episode_valid(r) else None for r in recs]
     assert strict == [training_reward(r, 'v3_strict') if episode_valid(r) else None for r in recs] != v3
     with pytest.raises(ValueError, match="unknown reward 'v4'; known: v3, v3_strict"): grpo_recipe('smoke', reward='v4')
+
+
+def test_overflow_reward_trains_the_episodes_that_outgrew_their_context(shop, renderer):
+    """With a context too small for some of the heuristic shopper's episodes, those end as context_overflow: under v3
+    GRPO leaves them out (no trained token, reward None); under v3_strict_overflow it trains their assistant tokens at
+    the step limit's reward, and a group of an overflow and a purchase is no longer flat."""
+    import shopping_grpo.grpo as grpo
+    from shopping_grpo.episode import run_lockstep
+    from shopping_grpo.policies import ShopperPolicy
+    from shopping_grpo.shoppers import HeuristicShopper
+    from shopping_grpo.reward import REWARDS
+    # the heuristic shopper's episodes on these tasks hold 10,000-11,700 tokens of the tiny model's tokenizer
+    c, tasks = GRPORecipe(max_context=10500), shop.tasks['grpo_train'][:12]
+    script = ScriptedTokens(shop, renderer, tasks, [ShopperPolicy(HeuristicShopper())], 'en', c)
+    recs = list(run_lockstep(shop, tasks, script, renderer, 'heuristic', max_turns=c.max_turns, max_context=c.max_context,
+                             max_new_tokens=c.max_new_tokens))
+    grown = [r['termination_reason'] == 'context_overflow' and sum(r['response_mask']) > 0 for r in recs]
+    assert any(grown) and not all(grown), [(r["termination_reason"], len(r["prompt_ids"]) + len(r["response_ids"])) for r in recs]
+    outs = {k: grpo.rollout_output(recs, renderer.end_id, k) for k in ('v3', 'v3_strict_overflow')}
+    got = {k: grpo.reward_function(k)(o['completion_ids'], o['shop_reward'], o['episode']) for k, o in outs.items()}
+    for i, (r, g) in enumerate(zip(recs, grown)):
+        if g:
+            assert sum(outs['v3']['env_mask'][i]) == 0 and got['v3'][i] is None
+            assert outs['v3_strict_overflow']['env_mask'][i] == r['response_mask']
+            assert got['v3_strict_overflow'][i] == REWARDS['max_steps']
+        else: assert outs['v3']['env_mask'][i] == outs['v3_strict_overflow']['env_mask'][i]
+    i, j = grown.index(True), next(k for k, r in enumerate(recs) if episode_valid(r))
+    pair = [recs[i], recs[j]]
+    assert grpo.flat_groups(pair, 2) == [0] and grpo.flat_groups(pair, 2, 'v3_strict_overflow') == []
