@@ -235,8 +235,13 @@ def _packed_sources(run_dir:Path, files:list[Path], stage:Path, adapter_dtype:st
         src[rel].write_text(json.dumps(rec | dict(adapter_sha256=sha256_file(src[a])), indent=1))
     return src
 
-def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16') -> dict:
-    "Pack the files of `run_dir` the next machine needs into pieces of `piece_mb` MB under `out`, with RUN.json; finished adapters in `adapter_dtype`."
+def _is_optimizer_state(rel:Path) -> bool:
+    "A running training's optimizer state (Adam's moments: twice its adapter's size), which a resumed training may start afresh."
+    return rel.name == 'optimizer.pt' and any(s.startswith('checkpoint-') for s in rel.parts)
+
+def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16', optimizer:bool=True) -> dict:
+    """Pack the files of `run_dir` the next machine needs into pieces of `piece_mb` MB under `out`, with RUN.json; finished
+    adapters in `adapter_dtype`; without `optimizer`, a running training's optimizer state stays behind (listed in RUN.json)."""
     import tarfile, tempfile
     from shopping_grpo.model import PieceWriter
     from shopping_grpo.records import sha256_file, write_atomic
@@ -247,6 +252,8 @@ def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16'
     if old := sorted(out.glob('run.tgz.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     files = carried_files(run_dir)
+    left_out = [str(r) for r in files if not optimizer and _is_optimizer_state(r)]
+    files = [r for r in files if str(r) not in left_out]
     with tempfile.TemporaryDirectory(prefix='pack-run-') as stage:
         src = _packed_sources(run_dir, files, Path(stage), adapter_dtype)
         stream = PieceWriter(out, 'run.tgz', int(piece_mb*1e6))
@@ -256,7 +263,7 @@ def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16'
         listed = [dict(path=str(r), bytes=src[r].stat().st_size, sha256=sha256_file(src[r])) for r in files]
     man = dict(format=1, run=str(run_dir), ledger=read_ledger(run_dir), pieces=stream.pieces, adapter_dtype=adapter_dtype,
                stream=dict(bytes=sum(p['bytes'] for p in stream.pieces), sha256=stream.whole.hexdigest()),
-               files=listed, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+               files=listed, left_out=left_out, created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     write_atomic(out/'RUN.json', json.dumps(man, indent=1))
     return man
 
@@ -333,13 +340,15 @@ def unpack_run(pack, run_dir, merge:bool=True, progress:bool=True) -> dict:
 def pack_run_command(run:str=typer.Argument(..., help='run folder to carry to the next machine'),
                      out:str=typer.Argument(..., help='empty folder that receives the pieces and RUN.json'),
                      piece_mb:float=typer.Option(15.0, help='piece size in MB (10^6 bytes); 15 fits a 16 MiB transfer'),
-                     adapter_dtype:str=typer.Option('float16', help="finished adapters' dtype in the pack (float16, bfloat16, float32), or 'keep'")):
+                     adapter_dtype:str=typer.Option('float16', help="finished adapters' dtype in the pack (float16, bfloat16, float32), or 'keep'"),
+                     optimizer:bool=typer.Option(True, help="carry a running training's optimizer state (twice its adapter's size); "
+                                                             "without it the resumed training starts Adam's moments afresh")):
     "Pack what the next machine needs of a run (ledger, notebooks, adapters, results, a running training's checkpoint)."
     if adapter_dtype not in ('float16', 'bfloat16', 'float32', 'keep'):
         raise typer.BadParameter(f"adapter dtype {adapter_dtype!r}: float16, bfloat16, float32 or keep")
-    man = pack_run(run, out, piece_mb, None if adapter_dtype == 'keep' else adapter_dtype)
+    man = pack_run(run, out, piece_mb, None if adapter_dtype == 'keep' else adapter_dtype, optimizer)
     typer.echo(f"{len(man['files'])} files in {len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB) in {out}; "
-               f"stages done: {', '.join(man['ledger']) or 'none'}", err=True)
+               f"stages done: {', '.join(man['ledger']) or 'none'}" + (f"; left out: {', '.join(man['left_out'])}" if man['left_out'] else ''), err=True)
 
 @app.command('unpack-run')
 def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.json and every piece'),

@@ -20,9 +20,10 @@ __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', '
            'known_credit', 'credit_advantages', 'episode_info', 'trains_on', 'rollout_output', 'reward_function',
            'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
            'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
-           'last_checkpoint', 'trim_after', 'read_metrics', 'best_validation', 'export_best', 'grpo_args',
-           'load_policy_model', 'attention_as', 'packed_token_logps', 'shop_grpo_trainer', 'drop_none_reward_warning',
-           'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart', 'time_chart']
+           'last_checkpoint', 'trim_after', 'note_resume', 'read_metrics', 'best_validation', 'export_best',
+           'grpo_args', 'load_policy_model', 'attention_as', 'packed_token_logps', 'shop_grpo_trainer',
+           'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart',
+           'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -524,6 +525,17 @@ def trim_after(out_dir, step:int):
         write_atomic(m, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in keep))
     for v in (out_dir/'val').glob('step-*'):
         if _ckpt_step(v) > step: shutil.rmtree(v)
+    if (r := out_dir/'resumes.jsonl').exists():
+        write_atomic(r, ''.join(json.dumps(x) + '\n' for x in read_jsonl(r)[0] if x['step'] <= step))
+
+def note_resume(out_dir, checkpoint:Path) -> dict:
+    "Append to `out_dir`/resumes.jsonl the step a run resumes from and whether `checkpoint` holds the optimizer's state."
+    rec = dict(step=_ckpt_step(checkpoint), optimizer_state=(Path(checkpoint)/'optimizer.pt').exists(), time=round(time.time(), 2))
+    if not rec['optimizer_state']:
+        warnings.warn(f"{checkpoint} holds no optimizer state (packed without it: pack-run --no-optimizer); training resumes "
+                      f"at step {rec['step'] + 1} with Adam's moments started afresh")
+    with open(Path(out_dir)/'resumes.jsonl', 'a', encoding='utf-8') as f: append_record(f, rec)
+    return rec
 
 # %% ../nbs/06_grpo.ipynb #39be16d8
 def read_metrics(path) -> list[dict]:
@@ -658,6 +670,7 @@ def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang
     pin_run(out_dir, dict(model=path, **{k: v for k, v in asdict(c).items() if k not in UNPINNED}), obsolete=(),
             fresh=resume is None)
     trim_after(out_dir, start if resume else -1)  # a fresh run keeps nothing an earlier attempt wrote
+    if resume and start < c.max_steps: note_resume(out_dir, resume)
     transformers.set_seed(c.seed)
     tok = AutoTokenizer.from_pretrained(path)
     renderer = ChatRenderer(tok, None, lang)
@@ -698,7 +711,9 @@ def write_grpo_summary(out_dir, trainer, recipe:GRPORecipe, start_model:str, bes
     tr = [r for r in recs if r['kind'] == 'train']
     vals = [r for r in recs if r['kind'] == 'val']
     s = dict(start_model=start_model, final_step=trainer.state.global_step,
-             resumed_from=str(resume) if resume else None, chosen_step=best['step'], chosen=best,
+             resumed_from=str(resume) if resume else None,
+             resumes=read_jsonl(r)[0] if (r := Path(out_dir)/'resumes.jsonl').exists() else [],
+             chosen_step=best['step'], chosen=best,
              start=next((v for v in vals if v['step'] == 0), None), validation=vals,
              skipped_steps={k: sum(r['skipped'] == k for r in tr) for k in ('nan', 'no_signal')},
              invalid_episodes=sum(r['invalid'] or 0 for r in tr), episodes=sum(r['episodes_played'] or 0 for r in tr),

@@ -256,6 +256,23 @@ def test_a_checkpoint_between_validations_is_resumed_from(shop, tiny, renderer, 
     assert [r['step'] for r in recs if r['kind'] == 'val'] == [0, 3]
 
 
+def test_a_checkpoint_without_its_optimizer_state_resumes_with_fresh_moments(shop, tiny, renderer, tmp_path, monkeypatch):
+    """A run carried without its optimizer state (pack-run --no-optimizer) resumes from its checkpoint with a warning,
+    trains each remaining step once, and records the resumption, without optimizer state, in resumes.jsonl and the
+    summary."""
+    import transformers
+    cfg = grpo_recipe('smoke', **{**SHORT, 'groups': 2, 'max_steps': 2, 'val_every': 2, 'save_every': 1})
+    orig = disk_full_at(monkeypatch, 'checkpoint-2')
+    out = tmp_path/'grpo'
+    with pytest.raises(DiskFull): train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    monkeypatch.setattr(transformers.Trainer, '_save_rng_state', orig)
+    (out/'checkpoint-1'/'optimizer.pt').unlink()
+    with pytest.warns(UserWarning, match="Adam's moments started afresh"):
+        s = train_grpo(tiny, shop, out, cfg, policy_factory=scripted(shop, renderer, cfg))
+    assert s['final_step'] == 2 and [(r['step'], r['optimizer_state']) for r in s['resumes']] == [(1, False)]
+    assert [r['step'] for r in read_metrics(out/'metrics.jsonl') if r['kind'] == 'train'] == [1, 2]
+
+
 def test_a_fresh_run_drops_what_an_earlier_attempt_wrote(shop, tiny, renderer, tmp_path):
     """A run folder carried from an attempt that stopped before its first checkpoint holds its step-0 validation:
     the fresh run starts over and logs each validation once."""
