@@ -252,8 +252,8 @@ def pack_run(run_dir, out, piece_mb:float=15.0, adapter_dtype:str|None='float16'
     if old := sorted(out.glob('run.tgz.*')):
         raise FileExistsError(f"{out} already holds pieces ({old[0].name}, ...): pack into an empty folder")
     files = carried_files(run_dir)
-    left_out = [str(r) for r in files if not optimizer and _is_optimizer_state(r)]
-    files = [r for r in files if str(r) not in left_out]
+    stays = lambda rel: not optimizer and _is_optimizer_state(rel)
+    left_out, files = [str(r) for r in files if stays(r)], [r for r in files if not stays(r)]
     with tempfile.TemporaryDirectory(prefix='pack-run-') as stage:
         src = _packed_sources(run_dir, files, Path(stage), adapter_dtype)
         stream = PieceWriter(out, 'run.tgz', int(piece_mb*1e6))
