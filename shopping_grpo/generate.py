@@ -10,7 +10,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder',
-           'row_cache', 'SlotDecoder', 'packed_attention', 'packed_groups', 'mix32', 'sample_keyed',
+           'row_cache', 'SlotDecoder', 'kv_bytes', 'packed_attention', 'packed_groups', 'mix32', 'sample_keyed',
            'ContinuousDecoder', 'talkative']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
@@ -349,6 +349,24 @@ def _assign(self:SlotDecoder, contexts:list[list[int]]) -> list[int]:
     out = [r if r is not None else next(free) for r in out]
     self._order = out
     return out
+
+# %% ../nbs/03b_generate.ipynb #33f42b24
+def kv_bytes(config, rows:int, length:int, dtype) -> int:
+    "Bytes of a row cache (`row_cache`) of `rows` x `length` columns for a model of `config`, in `dtype`."
+    import torch
+    d = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * rows * length * config.num_key_value_heads * d * torch.empty((), dtype=dtype).element_size()
+
+@patch
+def release(self:SlotDecoder) -> int:
+    "Free the rows' cache, the step's buffers and the captured graphs (the next call makes them again); the bytes freed."
+    import torch
+    if self.cache is None: return 0
+    n = kv_bytes(self.model.config, self.rows, self.L, self.model.dtype)
+    self.cache = self.where = None
+    self.graphs, self.held = {}, [None] * self.rows
+    if self.device.startswith('cuda'): torch.cuda.empty_cache()  # the freed blocks go back for any size of tensor
+    return n
 
 # %% ../nbs/03b_generate.ipynb #00048ea7
 @patch

@@ -19,11 +19,11 @@ from .reward import known_reward, training_reward, counts_overflow
 __all__ = ['PROFILES', 'CREDITS', 'UNPINNED', 'METRIC_PANELS', 'grpo_dataset', 'GRPORecipe', 'grpo_recipe', 'register_credit',
            'known_credit', 'credit_advantages', 'episode_info', 'trains_on', 'rollout_output', 'reward_function',
            'flat_groups', 'kept_groups', 'make_policy', 'PaddedBatch', 'decoder_gap', 'MergedCopy', 'ShopRollout',
-           'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate', 'grpo_monitor', 'step_record',
-           'last_checkpoint', 'trim_after', 'note_resume', 'read_metrics', 'best_validation', 'export_best',
-           'grpo_args', 'load_policy_model', 'attention_as', 'packed_token_logps', 'shop_grpo_trainer',
-           'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary', 'median', 'time_share', 'metrics_chart',
-           'time_chart']
+           'rollout_memory', 'step_figures', 'grad_state', 'drop_grads', 'DiskFull', 'GRPORun', 'validate',
+           'grpo_monitor', 'step_record', 'last_checkpoint', 'trim_after', 'note_resume', 'read_metrics',
+           'best_validation', 'export_best', 'grpo_args', 'load_policy_model', 'attention_as', 'packed_token_logps',
+           'shop_grpo_trainer', 'drop_none_reward_warning', 'train_grpo', 'write_grpo_summary', 'median', 'time_share',
+           'metrics_chart', 'time_chart']
 
 # %% ../nbs/06_grpo.ipynb #4d34d216
 def grpo_dataset(tasks):
@@ -80,6 +80,9 @@ class GRPORecipe:
     # a micro-batch's episodes end to end in one row, positions restarting and attention kept within each
     # (`packed_token_logps`): no padding, one forward pass a micro-batch
     pack_episodes:bool = False
+    # free the decoder's rows (its KV cache, 03b_generate's `release`) after each step's rollouts, so that training has
+    # that memory; the graphs are captured again at the next rollout
+    release_cache:bool = False
     # step credit (06c_step_credit): 'episode' GRPO as is, 'spa' progress estimates, 'steps' same-page step groups
     credit:str = 'episode'
     # the reward trained on (02_reward's training_reward): 'v3' Reward v3, 'v3_strict' only gold beats a graceful stop,
@@ -342,6 +345,15 @@ def sample(self:ShopRollout, task_ids:list[str], model, step:int) -> tuple[list[
                       resample_rounds=rounds,
                       groups_played=played // G, episodes_played=played)
 
+# %% ../nbs/06_grpo.ipynb #a741f418
+def rollout_memory(policy, release:bool) -> dict:
+    """The GPU memory a step's rollouts reached (GiB, peak since the step began; None on CPU) and, with `release`, the
+    decoder's cache freed for training (GiB)."""
+    import torch
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    freed = policy.release() / 2**30 if release and hasattr(policy, 'release') else None
+    return dict(rollout_gpu_mem_gib=peak, cache_freed_gib=freed)
+
 # %% ../nbs/06_grpo.ipynb #4ac7ab71
 @patch
 def __call__(self:ShopRollout, prompts:list[str], trainer) -> dict:
@@ -354,7 +366,8 @@ def __call__(self:ShopRollout, prompts:list[str], trainer) -> dict:
     model.eval()
     try: recs, st = self.sample(list(prompts), model, step)
     finally: model.train(was)
-    self.stats[step] = dict(st, rollout_s=time.time() - t0, credit=self.cfg.credit, **step_figures(recs))
+    st = dict(st, rollout_s=time.time() - t0, **rollout_memory(self.policy, self.cfg.release_cache))
+    self.stats[step] = dict(st, credit=self.cfg.credit, **step_figures(recs))
     self.episodes = recs
     return rollout_output(recs, self.r.end_id, self.cfg.reward)
 
@@ -500,6 +513,7 @@ def step_record(step:int, logs:dict, st:dict, mon) -> dict:
                gen_s=st.get('gen_s'), env_s=st.get('env_s'), train_s=step_s - roll, rollout_s=roll, step_s=step_s,
                tokens_per_s=st['generated_tokens'] / st['gen_s'] if st.get('gen_s') else None,
                episodes_per_s=st['episodes_played'] / roll if roll else None, gpu_mem_gib=mon.mem,
+               rollout_gpu_mem_gib=st.get('rollout_gpu_mem_gib'), cache_freed_gib=st.get('cache_freed_gib'),
                time=round(time.time(), 2),
                **{k: v for k, v in st.items()
                   if k.startswith('credit')})  # the credit variant and its figures (06c_step_credit)
@@ -652,7 +666,7 @@ def drop_none_reward_warning(record) -> bool:
 # %% ../nbs/06_grpo.ipynb #3be5ec47
 # a resumed run may change these
 UNPINNED = ('max_steps', 'n_val', 'val_every', 'save_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
-            'gradient_checkpointing', 'pack_episodes')
+            'gradient_checkpointing', 'pack_episodes', 'release_cache')
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
                callbacks=(), advantage_fn=None, progress:bool=False) -> dict:

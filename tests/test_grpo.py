@@ -412,3 +412,19 @@ def test_overflow_reward_trains_the_episodes_that_outgrew_their_context(shop, re
     i, j = grown.index(True), next(k for k, r in enumerate(recs) if episode_valid(r))
     pair = [recs[i], recs[j]]
     assert grpo.flat_groups(pair, 2) == [0] and grpo.flat_groups(pair, 2, 'v3_strict_overflow') == []
+
+
+def test_released_decoder_rows_train_the_same_steps(shop, tiny, tmp_path):
+    """With `release_cache` the rollout decoder frees its rows after each step's episodes (the freed cache is logged)
+    and captures them again at the next rollout: two steps train on the same episodes, to the same loss, as with the
+    rows held."""
+    runs = {}
+    for release in (False, True):
+        cfg = grpo_recipe('smoke', **{**SHORT, 'max_steps': 2, 'val_every': 2, 'decoder': 'continuous',
+                                      'max_context': 1024, 'lockstep_batch': 4, 'release_cache': release})
+        train_grpo(tiny, shop, tmp_path/f'grpo-{release}', cfg)
+        runs[release] = [r for r in read_metrics(tmp_path/f'grpo-{release}'/'metrics.jsonl') if r['kind'] == 'train']
+    assert [r['cache_freed_gib'] for r in runs[False]] == [None, None]
+    assert all(r['cache_freed_gib'] > 0 for r in runs[True])
+    for k in ('loss', 'reward_mean', 'generated_tokens', 'mean_tokens'):
+        assert [r[k] for r in runs[True]] == [r[k] for r in runs[False]], k
