@@ -1282,6 +1282,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'shopping_grpo.tasks.wording_styles': ('tasks.html#wording_styles', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.wording_variety': ('tasks.html#wording_variety', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.wording_words': ('tasks.html#wording_words', 'shopping_grpo/tasks.py'),
+                                     'shopping_grpo.tasks.words_of': ('tasks.html#words_of', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.write_name': ('tasks.html#write_name', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.write_number': ('tasks.html#write_number', 'shopping_grpo/tasks.py'),
                                      'shopping_grpo.tasks.write_tasks': ('tasks.html#write_tasks', 'shopping_grpo/tasks.py')},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, re
 from fastcore.basics import patch
 from .env import parse_action
-from .tasks import Task, alternatives, mixed_words, names_any, wording_words
+from .tasks import Task, alternatives, mixed_words, names_any, words_of
 from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper, option_value
 
@@ -203,7 +203,7 @@ def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
 # %% ../nbs/03c_policies.ipynb #c753d9ae
 def request_words(t:Task, p:dict) -> dict:
     "The request's own words for each feature and option value of task `t` (target `p`) it names otherwise, by (axis, value) as pages show them (axis None: a feature)."
-    words = wording_words(t.lang)
+    words = words_of(t)
     if words is None: return {}
     feats, out = mixed_words(t.facts, p, words)['features'], {}
     said = lambda shown, xs: None if names_any(t.instruction, [shown]) else next(

@@ -19,7 +19,7 @@ __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT
            'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh', 'human_words',
            'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
            'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives', 'mixed_words', 'slot_words',
-           'mixed_problems', 'word_mixed', 'reword_mixed', 'mixed_is_template']
+           'mixed_problems', 'word_mixed', 'reword_mixed', 'words_of', 'mixed_is_template']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -116,7 +116,7 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
 
 # %% ../nbs/01_tasks.ipynb #d7cac943
-WORDINGS = ('template', 'varied', 'mixed')  # how requests are written: the one template style, the styles of the file, or both with other words
+WORDINGS = ('template', 'varied', 'mixed', 'wide')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -344,8 +344,8 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         p = catalog.product(r)
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
-        if t and wording == 'mixed' and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
-            t = reword_mixed(t, p, seed)
+        if t and wording in ('mixed', 'wide') and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
+            t = reword_mixed(t, p, seed, wide=wording == 'wide')
         if t:
             out[s].append(t)
             bar.update()
@@ -613,18 +613,27 @@ def spelling_variants(x:str) -> list[str]:
 
 # %% ../nbs/01_tasks.ipynb #346361f7
 @functools.lru_cache(maxsize=4)
-def _read_words(path:str|None) -> dict:
-    "The word tables of a words file; the packaged `wording_words.json` when `path` is None."
+def _read_words(path:str|None, name:str='wording_words.json') -> dict:
+    "The word tables of a words file; the packaged file `name` when `path` is None."
     from importlib import resources
-    where = Path(path) if path else resources.files('shopping_grpo')/'data'/'wording_words.json'
+    where = Path(path) if path else resources.files('shopping_grpo')/'data'/name
     return json.loads(where.read_text('utf-8'))
 
 WORDS_KEYS = ('open', 'budget', 'context')  # the tables of phrases that widen a training style's own
 
-def wording_words(lang:str='en', path=None) -> dict|None:
-    "The word tables of `lang` (other words for features, colours and option values; budgets, openings, context), or None."
+@functools.lru_cache(maxsize=8)
+def wording_words(lang:str='en', path=None, wide:bool=False) -> dict|None:
+    """The word tables of `lang` (other words for features, colours and option values; budgets, openings, context), or
+    None; with `wide`, each feature and option value also has the wordings of `wording_words_wide.json`."""
     words = _read_words(str(path) if path else None).get(lang)
     if words is None: return None
+    if wide:
+        more = _read_words(str(Path(path).with_name('wording_words_wide.json')) if path else None, 'wording_words_wide.json').get(lang, {})
+        join = lambda base, add: {v: list(dict.fromkeys([*base.get(v, []), *add.get(v, [])])) for v in dict.fromkeys([*base, *add])}
+        words = dict(words, features=join(words['features'], more.get('features', {})),
+                     colours=join(words['colours'], more.get('colours', {})),
+                     options={ax: join(words['options'].get(ax, {}), more.get('options', {}).get(ax, {}))
+                              for ax in dict.fromkeys([*words['options'], *more.get('options', {})])})
     held = {x for s in wording_styles(lang, 'heldout') for k in WORDS_KEYS for x in s[k]}
     if shared := held & {x for k in WORDS_KEYS for x in words[k]}:
         raise ValueError(f"the word tables share phrases with held-out styles: {sorted(shared)[:3]}")
@@ -697,13 +706,18 @@ def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, wor
     noisy = _noise(text, words, rng)
     return noisy if not mixed_problems(Task('', '', lang, noisy, f), p, words) else text  # noise never hides a fact
 
-def reword_mixed(t:Task, p:dict, seed:int) -> Task:
-    "Task `t` in a training style widened by the word tables of its language (a training style alone where none exist)."
-    words = wording_words(t.lang)
+def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False) -> Task:
+    """Task `t` in a training style widened by the word tables of its language (a training style alone where none exist),
+    with `wide` the wide tables; its `wording` names the style and the tables ('+words', '+wide')."""
+    words = wording_words(t.lang, wide=wide)
     if words is None: return reword(t, p, seed, 'train')
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
-    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words), wording=style['id'] + '+words')
+    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words), wording=style['id'] + ('+wide' if wide else '+words'))
+
+def words_of(t:Task) -> dict|None:
+    "The word tables task `t`'s request was written with: the wide ones for a '+wide' wording."
+    return wording_words(t.lang, wide=(t.wording or '').endswith('+wide'))
 
 def mixed_is_template(seed:int, task_id:str, lang:str, share:float) -> bool:
     "Whether a training task of the `mixed` wording keeps the template wording: a draw of its own stream, true with probability `share`."
