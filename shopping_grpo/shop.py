@@ -36,7 +36,7 @@ DEFAULT_SIZES = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=200)
 
 def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, lang:str='en', sizes:dict|None=None,
                  progress:bool=True,
-                 wording:str|None=None,  # 'template' | 'varied' | 'mixed' (wordings of `01_tasks`); None: the files present
+                 wording:str|None=None,  # 'template' | 'varied' | 'mixed' | 'wide' (wordings of `01_tasks`); None: the files present
                  ) -> Shop:
     """Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`: the first `sizes[split]` tasks of each split
     (`sizes=None`: the task files present, whole). Task files are written only where missing, short or in another wording
@@ -52,12 +52,13 @@ def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, la
     for s in sizes:
         path = run_dir/'tasks'/f'{s}_{lang}.jsonl'
         if path.exists(): tasks[s] = read_tasks(path, catalog)
-    kind = lambda t: 'template' if not t.wording else 'mixed' if t.wording.endswith('+words') else 'varied'
+    kind = lambda t: ('template' if not t.wording else 'mixed' if t.wording.endswith('+words')
+                      else 'wide' if t.wording.endswith('+wide') else 'varied')
     trained = {kind(t) for s, ts in tasks.items() if s != 'eval' for t in ts}
-    asked = wording or ('mixed' if 'mixed' in trained else 'varied' if 'varied' in trained else 'template')
-    fits = dict(template={'template'}, varied={'varied'}, mixed={'template', 'mixed'})  # mixed: some kept in the template
+    asked = wording or next((w for w in ('wide', 'mixed', 'varied') if w in trained), 'template')
+    fits = dict(template={'template'}, varied={'varied'}, mixed={'template', 'mixed'}, wide={'template', 'wide'})  # some kept in the template
     worded = lambda ts: ({kind(t) for t in ts} <= fits[asked] and
-                         (asked != 'mixed' or not ts or ts[0].split == 'eval' or 'mixed' in {kind(t) for t in ts}))
+                         (asked not in ('mixed', 'wide') or not ts or ts[0].split == 'eval' or asked in {kind(t) for t in ts}))
     stale = [s for s in tasks if not worded(tasks[s])]  # written in the other wording: made again
     short = [s for s in tasks if 0 <= sizes[s] and len(tasks[s]) < sizes[s] and not (s == 'eval' and frozen)]
     if set(tasks) != set(sizes) or stale or short:  # made again, never fewer than a file holds: a run's files stay whole
