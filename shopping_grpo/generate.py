@@ -10,8 +10,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder',
-           'row_cache', 'SlotDecoder', 'kv_bytes', 'packed_attention', 'packed_groups', 'mix32', 'sample_keyed',
-           'ContinuousDecoder', 'talkative']
+           'head_dim', 'row_cache', 'SlotDecoder', 'kv_bytes', 'packed_attention', 'packed_groups', 'mix32',
+           'sample_keyed', 'ContinuousDecoder', 'talkative']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
 def _load(model_path, device, dtype, model, tokenizer):
@@ -284,12 +284,15 @@ class _Where:
     columns attention reads (`width`); `packed`: one packed sequence whose token t goes to row `rows[t]`."""
     rows, cols, width, packed = None, None, None, False
 
+def head_dim(config) -> int:
+    "Width of one attention head of a model of `config`."
+    return getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+
 def row_cache(config, rows:int, length:int, dtype, device):
     "A KV cache of `rows` x `length` columns whose rows each write at their own columns, with its `_Where`."
     import torch
     from transformers.cache_utils import Cache
-    kvh = config.num_key_value_heads
-    d = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+    kvh, d = config.num_key_value_heads, head_dim(config)
     where = _Where()
     z = lambda: torch.zeros(rows, kvh, length, d, dtype=dtype, device=device)
     layers = [_row_layer()(where, z(), z()) for _ in range(config.num_hidden_layers)]
@@ -354,8 +357,7 @@ def _assign(self:SlotDecoder, contexts:list[list[int]]) -> list[int]:
 def kv_bytes(config, rows:int, length:int, dtype) -> int:
     "Bytes of a row cache (`row_cache`) of `rows` x `length` columns for a model of `config`, in `dtype`."
     import torch
-    d = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * rows * length * config.num_key_value_heads * d * torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * rows * length * config.num_key_value_heads * head_dim(config) * torch.empty((), dtype=dtype).element_size()
 
 @patch
 def release(self:SlotDecoder) -> int:

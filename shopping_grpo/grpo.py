@@ -94,6 +94,8 @@ class GRPORecipe:
         if self.pack_episodes and self.gradient_checkpointing:
             raise ValueError('pack_episodes with gradient_checkpointing: the recomputed forward pass would attend across '
                              'the episodes of a packed row; turn one of them off')
+        if self.release_cache and self.decoder not in ('slot', 'continuous'):
+            raise ValueError(f"release_cache frees the rows of the slot or continuous decoder; decoder {self.decoder!r} holds none")
         if self.save_every is not None and self.save_every < 1:
             raise ValueError(f'save_every {self.save_every}: a number of steps (1 or more), or None for validations only')
         if self.reward != 'v3' and self.credit != 'episode':

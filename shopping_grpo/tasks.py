@@ -19,7 +19,7 @@ __all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT
            'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh', 'human_words',
            'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
            'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives', 'mixed_words', 'slot_words',
-           'mixed_problems', 'word_mixed', 'reword_mixed', 'words_of', 'mixed_is_template']
+           'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of', 'mixed_is_template']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -715,9 +715,14 @@ def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False) -> Task:
     style = rng.choice(wording_styles(t.lang, 'train'))
     return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words), wording=style['id'] + ('+wide' if wide else '+words'))
 
+def wording_of(t:Task) -> str:
+    "The wording (`WORDINGS`) task `t`'s request was written in, from its `wording` mark (a hand-written one counts as varied)."
+    w = t.wording or ''
+    return 'template' if not w else 'mixed' if w.endswith('+words') else 'wide' if w.endswith('+wide') else 'varied'
+
 def words_of(t:Task) -> dict|None:
-    "The word tables task `t`'s request was written with: the wide ones for a '+wide' wording."
-    return wording_words(t.lang, wide=(t.wording or '').endswith('+wide'))
+    "The word tables task `t`'s request was written with: the wide ones for the `wide` wording."
+    return wording_words(t.lang, wide=wording_of(t) == 'wide')
 
 def mixed_is_template(seed:int, task_id:str, lang:str, share:float) -> bool:
     "Whether a training task of the `mixed` wording keeps the template wording: a draw of its own stream, true with probability `share`."
