@@ -15,15 +15,16 @@ from .shop import Shop, prepare_shop
 from .episode import Episode, TokenEpisode, ChatRenderer, load_chat_template
 from .step_credit import turn_scores
 from .reward import known_reward, training_reward
-from .grpo import GRPORecipe, grpo_recipe
+from .grpo import GRPORecipe, grpo_recipe, trains_on
 
 # %% auto #0
-__all__ = ['AGENT_NAME', 'DATA_SOURCE', 'SPLITS', 'AGENT_LOOP_TARGET', 'VERL_LOSS', 'ROOT', 'VERSIONS_PROBE', 'RUN_HELP',
-           'MODEL_HELP', 'WATCHED', 'METRIC_COLUMNS', 'verl_row', 'write_verl_dataset', 'ShoppingRollout',
-           'LoopSettings', 'write_agent_loop_config', 'load_run_shop', 'shopping_rollout', 'VerlLaunch',
-           'response_length', 'verl_refusals', 'grpo_overrides', 'verl_python', 'model_reference', 'verl_command',
-           'show_command', 'verl_versions', 'verl_prepare', 'verl_settings', 'verl_train', 'read_metrics_file',
-           'nonfinite', 'verl_metrics', 'verl_checkpoint_step', 'verl_launch', 'verl_adapter']
+__all__ = ['AGENT_NAME', 'DATA_SOURCE', 'SPLITS', 'ADVANTAGE_NAME', 'AGENT_LOOP_TARGET', 'VERL_LOSS', 'ROOT', 'VERSIONS_PROBE',
+           'RUN_HELP', 'MODEL_HELP', 'WATCHED', 'METRIC_COLUMNS', 'verl_row', 'write_verl_dataset', 'ShoppingRollout',
+           'trained_group_advantages', 'register_advantage', 'LoopSettings', 'write_agent_loop_config', 'load_run_shop',
+           'shopping_rollout', 'VerlLaunch', 'response_length', 'verl_refusals', 'grpo_overrides', 'verl_python',
+           'model_reference', 'verl_command', 'show_command', 'verl_versions', 'verl_prepare', 'verl_settings',
+           'verl_train', 'read_metrics_file', 'nonfinite', 'verl_metrics', 'verl_checkpoint_step', 'verl_launch',
+           'verl_adapter']
 
 # %% ../nbs/06a_verl.ipynb #a473ee00
 AGENT_NAME = 'shopping_agent'                        # the name the loop is registered under in veRL
@@ -113,9 +114,13 @@ def output(self:ShoppingRollout, te:TokenEpisode, seconds:dict, with_logprobs:bo
                 n_steps=float(ep.env.log.steps), guard_rejections=float(ep.flags.get('guard_rejection', 0)))
     scores = turn_scores(ep)
     info['refused_turns'] = float(sum(x < 0 for x in scores))
-    return dict(prompt_ids=te.prompt_ids, response_ids=te.response_ids, response_mask=te.response_mask,
+    trained = trains_on(dict(infrastructure_invalid=ep.infra is not None, termination_reason=d.termination_reason,
+                             reward_detail=d.as_dict()), self.reward)
+    info['trained'] = float(trained)
+    return dict(prompt_ids=te.prompt_ids, response_ids=te.response_ids,
+                response_mask=te.response_mask if trained else [0] * len(te.response_mask),
                 response_logprobs=te.logprobs if with_logprobs else None,
-                reward_score=float(training_reward(d, self.reward)),
+                reward_score=float(training_reward(d, self.reward)) if trained else 0.0,
                 num_turns=len(ep.messages) - 1,
                 seconds=seconds, extra_fields=dict(task_id=ep.task.task_id, termination_reason=d.termination_reason,
                                                    reward_extra_info=info, turn_scores=scores))
@@ -129,6 +134,32 @@ def keep(self:ShoppingRollout, te:TokenEpisode, seconds:dict):
         append_record(f,
                       te.ep.record('verl', n_generated=sum(te.response_mask), seconds=round(sum(seconds.values()), 3),
                                    finished=time.time()))
+
+# %% ../nbs/06a_verl.ipynb #e34b8beb
+ADVANTAGE_NAME = 'grpo_trained'  # our advantage estimator's name in veRL's registry
+
+def trained_group_advantages(token_level_rewards, response_mask, index, epsilon:float=1e-4,
+                             norm_adv_by_std_in_grpo:bool=True, config=None, **kwargs):
+    "GRPO's group advantages over the trained episodes (response_mask not all 0), as veRL's (advantages, returns)."
+    import torch
+    if config is not None: norm_adv_by_std_in_grpo = config.get('norm_adv_by_std_in_grpo', norm_adv_by_std_in_grpo)
+    scores, trained = token_level_rewards.sum(-1), response_mask.sum(-1) > 0
+    groups = {}
+    for i, uid in enumerate(index):
+        if trained[i]: groups.setdefault(uid, []).append(i)
+    adv = torch.zeros_like(scores)
+    for rows in groups.values():
+        if len(rows) < 2: continue  # no baseline without a second trained episode: TRL gives 0 too
+        s = scores[rows]
+        adv[rows] = (s - s.mean()) / (s.std() + epsilon) if norm_adv_by_std_in_grpo else s - s.mean()
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+def register_advantage():
+    "Register `trained_group_advantages` in veRL as `ADVANTAGE_NAME` (Ray runs this in every worker of a launch)."
+    from verl.trainer.ppo import core_algos
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(ADVANTAGE_NAME) is not trained_group_advantages:
+        core_algos.register_adv_est(ADVANTAGE_NAME)(trained_group_advantages)
 
 # %% ../nbs/06a_verl.ipynb #4b5f2584
 @dataclass
@@ -234,7 +265,8 @@ def grpo_overrides(recipe:GRPORecipe, launch:VerlLaunch, run_dir, model_path:str
     c, L = recipe, launch
     modules = c.target_modules if isinstance(c.target_modules, str) else '[' + ','.join(c.target_modules) + ']'
     return [
-        'algorithm.adv_estimator=grpo', 'algorithm.use_kl_in_reward=False',
+        f'algorithm.adv_estimator={ADVANTAGE_NAME}', 'algorithm.use_kl_in_reward=False',
+        '+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=shopping_grpo.verl_loop.register_advantage',
         f'data.train_files={v/"train.parquet"}', f'data.val_files={v/"val.parquet"}',
         f'data.train_batch_size={c.groups}',
         f'data.max_prompt_length={L.max_prompt_length}', f'data.max_response_length={response_length(c, L)}',

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from shopping_grpo.episode import ChatRenderer, Episode, load_chat_template, scripted_run
 from shopping_grpo.model import materialize_model
 from shopping_grpo.grpo import GRPORecipe
-from shopping_grpo.verl_loop import (AGENT_NAME, VerlLaunch, LoopSettings, grpo_overrides, write_agent_loop_config,
-                                     write_verl_dataset, verl_prepare)
+from shopping_grpo.verl_loop import (AGENT_NAME, ADVANTAGE_NAME, VerlLaunch, LoopSettings, grpo_overrides,
+                                     write_agent_loop_config, write_verl_dataset, verl_prepare, register_advantage)
 from _helpers import N_PRODUCTS, SEED, TASK_SEED, LANG
 
 
@@ -93,7 +93,8 @@ def test_overrides_compose_and_validate(verl_dir, monkeypatch):
     r = cfg.actor_rollout_ref.rollout
     assert (r.n, r.temperature, r.top_p, r.agent.num_workers, r.multi_turn.max_assistant_turns, r.prompt_length, r.response_length) == (4, 0.7, 0.9, 8, 35, 1280, 6912)
     assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha, cfg.actor_rollout_ref.actor.optim.lr) == (16, 32, 2e-5)
-    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.use_kl_loss, cfg.actor_rollout_ref.actor.loss_agg_mode) == ('grpo', False, 'token-mean')
+    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.use_kl_loss, cfg.actor_rollout_ref.actor.loss_agg_mode) == ('grpo_trained', False, 'token-mean')
+    assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == 'shopping_grpo.verl_loop.register_advantage'
     assert list(cfg.trainer.logger) == ['console', 'wandb'] and cfg.algorithm.filter_groups.enable
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.grad_clip, cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (8, 1.0, 50, 10)
     assert not need_reference_policy(cfg) and not need_critic(cfg)  # KL off, GRPO: no reference model, no critic
@@ -172,6 +173,9 @@ def test_limits_from_verl_config(verl_dir, shop, tok, tmp_path):
     out = asyncio.run(play(compose(verl_dir, GRPORecipe(max_context=1280 + 600)), Server('hmm ' * 400, stop=False)))
     assert out.extra_fields['termination_reason'] == 'context_overflow' and out.reward_score == 0.0 and len(out.response_ids) <= 600
     assert out.extra_fields['reward_extra_info']['reward_valid'] == 0.0
+    assert sum(out.response_mask) == 0 and out.extra_fields['reward_extra_info']['trained'] == 0.0  # an infrastructure end: not trained on
+    d = out.as_dict()  # what veRL's trainer gets: no token of it in the loss
+    assert d['response_mask'].sum().item() == 0
 
 
 def test_stale_dataset_is_refused(verl_dir, tok, tmp_path):
@@ -251,3 +255,48 @@ def test_launch_command_parses_as_veRL_reads_it(verl_dir):
     t, ck = job['trainer'], job['actor_rollout_ref']['actor']['checkpoint']
     assert (t['n_gpus_per_node'], t['save_freq'], t['max_actor_ckpt_to_keep'], t['resume_mode'], t['logger']) == (2, 5, 1, 'auto', ['console', 'file'])
     assert ck['save_lora_only'] is True and job['data']['train_files'] == str(verl_dir/'train.parquet')
+
+
+def advantage_batch(left_out_score:float):
+    "Two groups of four in veRL's batch form: the score on each response's last token, the third episode of group a not trained on."
+    import numpy as np, torch
+    from verl import DataProto
+    scores = torch.tensor([1.0, 0.0, left_out_score, -0.5, 0.2, 0.2, 0.2, 0.7])
+    mask = torch.ones(8, 6); mask[2] = 0; mask[:, 2] = 0  # a page token between two turns
+    rewards = torch.zeros(8, 6); rewards[:, -1] = scores
+    return DataProto.from_dict(tensors=dict(token_level_rewards=rewards, response_mask=mask),
+                               non_tensors=dict(uid=np.array(list('aaaabbbb'), dtype=object)))
+
+
+def test_advantage_in_verls_compute_advantage():
+    """veRL's own `compute_advantage`, with the estimator our overrides name, gives the engine of 06_grpo's group
+    advantages: the episode with no trained token is out of its group's mean and standard deviation (its score does
+    not matter) and gets 0; the others get (score - mean) / (Bessel std + 1e-4), 0 on untrained tokens."""
+    import pytest, torch
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.trainer.config import AlgoConfig
+    register_advantage(); register_advantage()  # idempotent
+    def advantages(left_out):
+        return compute_advantage(advantage_batch(left_out), adv_estimator=ADVANTAGE_NAME, config=AlgoConfig()).batch['advantages']
+    adv = advantages(0.0)
+    a = torch.tensor([1.0, 0.0, -0.5]); want = (a - a.mean()) / (a.std() + 1e-4)
+    assert torch.allclose(adv[[0, 1, 3], -1], want, atol=1e-5) and adv[2].abs().sum() == 0 and adv[:, 2].abs().sum() == 0
+    b = torch.tensor([0.2, 0.2, 0.2, 0.7]); assert torch.allclose(adv[4:, -1], (b - b.mean()) / (b.std() + 1e-4), atol=1e-5)
+    assert torch.equal(advantages(5.0), adv)  # the left-out score moves nothing
+    grpo = compute_advantage(advantage_batch(5.0), adv_estimator='grpo', config=AlgoConfig()).batch['advantages']
+    assert not torch.allclose(grpo[[0, 1, 3], -1], want, atol=1e-2)  # veRL's own estimator would count it
+
+
+def test_ray_workers_register_the_advantage(verl_dir):
+    """The setup hook our overrides give Ray (`ray_kwargs.ray_init.runtime_env`, which veRL passes to `ray.init`) runs
+    in a fresh worker process: there veRL's registry holds our estimator, as it must in the trainer's worker."""
+    import ray
+    hook = compose(verl_dir, GRPORecipe()).ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=dict(worker_process_setup_hook=hook))
+    try:
+        @ray.remote
+        def estimator_module():
+            from verl.trainer.ppo import core_algos
+            return core_algos.get_adv_estimator_fn(ADVANTAGE_NAME).__module__
+        assert ray.get(estimator_module.remote(), timeout=120) == 'shopping_grpo.verl_loop'
+    finally: ray.shutdown()
