@@ -20,11 +20,12 @@ __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_O
            'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile',
            'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
            'record_stage', 'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline',
-           'carried_files', 'pack_run', 'remake_merged', 'unpack_run', 'pack_run_command', 'unpack_run_command',
-           'published_files', 'publish_run', 'published_adapters', 'restore_adapter', 'publish_run_command', 'seed_run',
-           'seed_run_command', 'seed_eval', 'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins',
-           'project_requirements', 'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags',
-           'project_wheel', 'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
+           'process_alive', 'pipeline_state', 'start_detached', 'watch', 'carried_files', 'pack_run', 'remake_merged',
+           'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
+           'published_adapters', 'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command', 'seed_eval',
+           'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
+           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
+           'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -145,7 +146,9 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
              stages:str=typer.Option(','.join(STAGES), help='comma-separated stage notebooks to run, in order'),
              force:bool=typer.Option(False, help='rerun every stage even when its key is unchanged'),
              cpu_threads:int=typer.Option(0, min=0, help="cap each stage kernel's CPU thread pools at this many (a share of "
-                                          "the host when pipelines run side by side); 0: the machine's own")):
+                                          "the host when pipelines run side by side); 0: the machine's own"),
+             detach:bool=typer.Option(False, help='start the same pipeline in a session of its own and return at once: its '
+                                      'output goes to <run>/pipeline.log, `shopping-grpo watch RUN` follows it')):
     "Run the stage notebooks on a profile with papermill, executed copies in <run>/notebooks/; unchanged stages skip."
     import os, papermill as pm
     prof, run_dir, env = load_profile(profile), Path(run).resolve(), thread_env(cpu_threads)
@@ -157,6 +160,12 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     if missing := [p for st in names for p in committed_inputs(st) if not (ROOT/p).exists()]:
         raise typer.BadParameter(f"the stage notebooks read committed files this checkout lacks: {', '.join(missing[:4])}"
                                  f"{' ...' if len(missing) > 4 else ''}; run from a whole checkout")
+    if detach:
+        pid = start_detached(run_dir, ['--profile', profile, '--stages', stages, '--cpu-threads', str(cpu_threads),
+                                       *(['--force'] if force else [])])
+        typer.echo(f'pipeline started in the background (pid {pid}); output: {run_dir/"pipeline.log"}; '
+                   f'follow it with `shopping-grpo watch {run}`', err=True)
+        return
     keys = stage_keys(names, prof)
     for i, st in enumerate(names, 1):
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()
@@ -179,6 +188,70 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
     report = run_dir/'report'/'index.html'
     typer.echo(f'pipeline done in {(time.time() - t_all) / 60:.1f} min; executed notebooks: {run_dir/"notebooks"}; '
                f'results: {run_dir/"eval"}' + (f'; report: {report}' if report.exists() else ''))
+
+# %% ../nbs/99_cli.ipynb #0824f2e9
+import os, re, subprocess
+_STAGE_LINE = re.compile(r'^\[(\d+)/(\d+) (\S+)\]')
+_STARTED = '== pipeline started '
+
+def process_alive(pid:int) -> bool:
+    "Whether process `pid` exists and has not ended (a zombie, ended but not yet reaped, has ended)."
+    if Path('/proc/self/stat').exists():  # Linux: the state letter after the command's name, Z for a zombie
+        try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
+        except FileNotFoundError: return False
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass
+    return True
+
+def pipeline_state(run_dir, lines:int=8) -> dict:
+    "What the detached pipeline of `run_dir` is doing: state (none, running, finished, stopped), stage, ledger, the log's tail."
+    run_dir = Path(run_dir)
+    if not (run_dir/'pipeline.pid').exists(): return dict(state='none', ledger={}, tail=[])
+    started = json.loads((run_dir/'pipeline.pid').read_text())
+    log = (run_dir/'pipeline.log').read_text(errors='replace') if (run_dir/'pipeline.log').exists() else ''
+    this = log[log.rfind(_STARTED):] if _STARTED in log else log  # the latest start only
+    out = [l.split('\r')[-1].rstrip() for l in this.splitlines()]  # a progress bar redraws its line after \r
+    out = [l for l in out if l.strip()]
+    stage = next((m.group(0) for l in reversed(out) if (m := _STAGE_LINE.match(l))), None)
+    state = ('running' if process_alive(started['pid']) else
+             'finished' if any(l.startswith('pipeline done') for l in out) else 'stopped')
+    led = {st: v['seconds'] for st, v in read_ledger(run_dir).items()}
+    return dict(state=state, pid=started['pid'], started=started['started'], stage=stage, ledger=led, tail=out[-lines:])
+
+def start_detached(run_dir:Path, args:list[str]) -> int:
+    "Start `pipeline --run run_dir ARGS` in a session of its own, output appended to run_dir/pipeline.log; its pid."
+    from shopping_grpo.records import write_atomic
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (now := pipeline_state(run_dir))['state'] == 'running':
+        raise typer.BadParameter(f"a pipeline is already running in {run_dir} (pid {now['pid']}, since {now['started']}); "
+                                 f"follow it with `shopping-grpo watch {run_dir}`")
+    cmd = [sys.executable, '-c', 'from shopping_grpo.cli import app; app()', 'pipeline', '--run', str(run_dir), *args]
+    stamp = time.strftime('%Y-%m-%dT%H:%M:%S')
+    with open(run_dir/'pipeline.log', 'a', encoding='utf-8') as log:
+        log.write(f"{_STARTED}{stamp}: {' '.join(cmd[3:])}\n"); log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                start_new_session=True, env=os.environ | {'PYTHONUNBUFFERED': '1'})
+    write_atomic(run_dir/'pipeline.pid', json.dumps(dict(pid=proc.pid, started=stamp, argv=cmd[3:])))
+    return proc.pid
+
+# %% ../nbs/99_cli.ipynb #327f8605
+@app.command('watch')
+def watch(run:str=typer.Argument(..., help='run folder of a pipeline started with --detach'),
+          wait:float=typer.Option(0.0, min=0, help='seconds to wait while it runs (returns when it ends)'),
+          lines:int=typer.Option(8, min=0, help='lines of its output to show')):
+    "Follow a detached pipeline: running, finished or stopped, its stage, the stages done, the end of its output."
+    run_dir, t0 = Path(run).resolve(), time.time()
+    s = pipeline_state(run_dir, lines)
+    while s['state'] == 'running' and time.time() - t0 < wait:
+        time.sleep(min(2.0, max(0.1, wait - (time.time() - t0))))
+        s = pipeline_state(run_dir, lines)
+    if s['state'] == 'none':
+        typer.echo(f'no pipeline was started in {run_dir} with --detach', err=True); raise typer.Exit(1)
+    typer.echo(f"{s['state']} (pid {s['pid']}, started {s['started']})" + (f": {s['stage']}" if s['stage'] else ''))
+    typer.echo('stages done: ' + (', '.join(f'{k} {v:.0f}s' for k, v in s['ledger'].items()) or 'none'))
+    for l in s['tail']: typer.echo(f'  {l}')
+    if s['state'] == 'stopped': raise typer.Exit(1)
 
 # %% ../nbs/99_cli.ipynb #7ce08859
 # folders of a run the next machine makes again: the catalog from the seed, the notebooks' scratch models when they run

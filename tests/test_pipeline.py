@@ -95,3 +95,24 @@ def test_a_runs_wording_survives_the_stages_after_01_tasks(tmp_path):
     assert len(sft) == 80 and 0 < sum('wording' in t for t in sft) < 80  # about half reworded
     run_pipeline(prof, run, '00_env,01_tasks,02_reward,02c_shoppers')
     assert {p.name: p.read_bytes() for p in (run/'tasks').glob('*.jsonl')} == written
+
+
+def test_a_detached_pipeline_outlives_its_command_and_watch_follows_it(tmp_path):
+    """`pipeline --detach` returns while its stage still runs, a second start in the same run folder is refused, and
+    `watch --wait` waits for the end and reports it finished, with the stage in the ledger and the log's closing line."""
+    import time
+    prof = tmp_path/'tiny.yaml'; run = tmp_path/'run'
+    prof.write_text("n_products: 1500\nseed: 0\nlang: en\n")
+    start = CLI + ['pipeline', '--profile', str(prof), '--run', str(run), '--stages', '00_env', '--detach']
+    t0 = time.time()
+    r = subprocess.run(start, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and 'started in the background' in r.stderr, r.stderr[-2000:]
+    assert not (run/'pipeline.json').exists()  # returned before the stage finished
+    again = subprocess.run(start, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert again.returncode != 0 and 'already running' in again.stderr
+    w = subprocess.run(CLI + ['watch', str(run), '--wait', '500'], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = w.stdout.splitlines()
+    assert w.returncode == 0 and out[0].startswith('finished (pid ') and out[1].startswith('stages done: 00_env'), w.stdout
+    assert set(json.loads((run/'pipeline.json').read_text())) == {'00_env'}
+    log = (run/'pipeline.log').read_text()
+    assert log.count('== pipeline started ') == 1 and 'pipeline done in' in log and time.time() - t0 < 600
