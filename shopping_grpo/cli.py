@@ -190,7 +190,7 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
                f'results: {run_dir/"eval"}' + (f'; report: {report}' if report.exists() else ''))
 
 # %% ../nbs/99_cli.ipynb #0824f2e9
-import os, re, subprocess
+import os, re, socket, subprocess
 _STAGE_LINE = re.compile(r'^\[(\d+)/(\d+) (\S+)\]')
 _STARTED = '== pipeline started '
 
@@ -214,7 +214,8 @@ def pipeline_state(run_dir, lines:int=8) -> dict:
     out = [l.split('\r')[-1].rstrip() for l in this.splitlines()]  # a progress bar redraws its line after \r
     out = [l for l in out if l.strip()]
     stage = next((m.group(0) for l in reversed(out) if (m := _STAGE_LINE.match(l))), None)
-    state = ('running' if process_alive(started['pid']) else
+    here = started.get('host') == socket.gethostname()  # a pid file carried from another machine names no process here
+    state = ('running' if here and process_alive(started['pid']) else
              'finished' if any(l.startswith('pipeline done') for l in out) else 'stopped')
     led = {st: v['seconds'] for st, v in read_ledger(run_dir).items()}
     return dict(state=state, pid=started['pid'], started=started['started'], stage=stage, ledger=led, tail=out[-lines:])
@@ -232,7 +233,7 @@ def start_detached(run_dir:Path, args:list[str]) -> int:
         log.write(f"{_STARTED}{stamp}: {' '.join(cmd[3:])}\n"); log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                 start_new_session=True, env=os.environ | {'PYTHONUNBUFFERED': '1'})
-    write_atomic(run_dir/'pipeline.pid', json.dumps(dict(pid=proc.pid, started=stamp, argv=cmd[3:])))
+    write_atomic(run_dir/'pipeline.pid', json.dumps(dict(pid=proc.pid, host=socket.gethostname(), started=stamp, argv=cmd[3:])))
     return proc.pid
 
 # %% ../nbs/99_cli.ipynb #327f8605
