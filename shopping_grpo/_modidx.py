@@ -1056,6 +1056,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.expert_agreement': ('sft.html#expert_agreement', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.labelled_nll': ('sft.html#labelled_nll', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.merge_lora': ('sft.html#merge_lora', 'shopping_grpo/sft.py'),
+                                   'shopping_grpo.sft.model_flops_utilisation': ( 'sft.html#model_flops_utilisation',
+                                                                                  'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.pack_bins': ('sft.html#pack_bins', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.pack_fill': ('sft.html#pack_fill', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.pack_rows': ('sft.html#pack_rows', 'shopping_grpo/sft.py'),

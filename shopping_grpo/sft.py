@@ -13,11 +13,12 @@ from .episode import ChatRenderer, generated_text
 from .collect import load_trajectories
 
 # %% auto #0
-__all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'sft_example', 'rows_sha256', 'rejection_places', 'SFTData',
-           'PadCollator', 'labelled_nll', 'action_loss', 'pack_bins', 'packed_row', 'pack_rows', 'pack_fill',
-           'PackedCollator', 'conversation_attention', 'register_conversation_attention', 'SFTConfig', 'sft_config',
-           'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run', 'train_sft', 'merge_lora',
-           'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
+__all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'BF16_PEAK_TFLOPS', 'sft_example', 'rows_sha256',
+           'rejection_places', 'SFTData', 'PadCollator', 'labelled_nll', 'action_loss', 'pack_bins', 'packed_row',
+           'pack_rows', 'pack_fill', 'PackedCollator', 'conversation_attention', 'register_conversation_attention',
+           'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run',
+           'model_flops_utilisation', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure',
+           'turn_agreement', 'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -367,6 +368,14 @@ def pin_sft_run(out_dir, settings:dict, resuming:bool):
     pinned = {k: v for k, v in settings.items() if k not in UNPINNED}
     pin_run(out_dir, pinned, obsolete=(), fresh=not resuming)
 
+# %% ../nbs/05_sft.ipynb #ba7a5049
+BF16_PEAK_TFLOPS = (('H200', 989.4), ('H100 PCIe', 756.0), ('H100', 989.4), ('A100', 312.0))  # dense bf16; the first name the device holds
+
+def model_flops_utilisation(tokens_per_s, n_params:int, device:str) -> float|None:
+    "6·N FLOPs a token at `tokens_per_s`, as a share of `device`'s dense bf16 peak; None off a GPU listed in `BF16_PEAK_TFLOPS`."
+    peak = next((tf for name, tf in BF16_PEAK_TFLOPS if name in device), None)
+    return None if peak is None or not tokens_per_s else round(6 * n_params * tokens_per_s / (peak * 1e12), 4)
+
 # %% ../nbs/05_sft.ipynb #7e556c48
 def _data_info(rows) -> dict:
     return rows.info() if hasattr(rows, 'info') else dict(rows=len(rows), rows_sha256=rows_sha256(rows))
@@ -427,10 +436,12 @@ def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None
     train_s = time.time() - t1
     trainer.save_model(str(out_dir/'adapter'))
     peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
-    s = dict(sft_summary(log), model=str(model_path), base_path=path, adapter=str(out_dir/'adapter'),
+    logged, n_params = sft_summary(log), sum(p.numel() for p in model.parameters())
+    device = torch.cuda.get_device_name() if cuda else 'cpu'
+    s = dict(logged, model=str(model_path), base_path=path, adapter=str(out_dir/'adapter'),
              resumed_from=resume, final_step=trainer.state.global_step, train_seconds=round(train_s, 1),
              minutes=round((time.time() - t0) / 60, 2),
-             device=torch.cuda.get_device_name() if cuda else 'cpu', peak_gpu_gib=peak,
+             device=device, peak_gpu_gib=peak, model_params=n_params, mfu=model_flops_utilisation(logged['tokens_per_s'], n_params, device),
              trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad), config=asdict(cfg),
              data=dict(train=_data_info(train_rows), val=_data_info(val_rows or [])),
              packing=pack_fill(rows, cfg.pack_tokens) if cfg.pack_tokens else None,
