@@ -8,6 +8,7 @@ checkpoint's config), `qwen-shape` (Qwen2.5-0.5B's shape, built from numbers).
 
     python benchmarks/bench_sft_packing.py --model tiny --rows outputs/nbtest-05/sft_demo/sft_train.jsonl --out /tmp/packing.json
     python benchmarks/bench_sft_packing.py --model qwen-shape --out benchmarks/results/sft_packing_qwen_shape.json   # on a GPU
+    python benchmarks/bench_sft_packing.py --model qwen-shape --variants packed --base-dtype bfloat16 --out /tmp/packed_bf16.json   # the base in bf16
 """
 from __future__ import annotations
 import argparse, json, time
@@ -82,6 +83,8 @@ def main():
     ap.add_argument('--variants', default=','.join(VARIANTS))
     ap.add_argument('--repeats', type=int, default=2, help='timed passes per variant, after one untimed')
     ap.add_argument('--threads', type=int, default=None, help="CPU threads (torch's default: one per core)")
+    ap.add_argument('--base-dtype', default='float32', choices=['float32', 'bfloat16'],
+                    help="the frozen base weights, as 05_sft's base_dtype (bf16 autocast on a GPU either way)")
     ap.add_argument('--scratch', default='outputs/bench-sft-packing')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
@@ -100,12 +103,12 @@ def main():
     tokens = sum(len(r['input_ids']) for r in rows)
     res = dict(device=torch.cuda.get_device_name() if device == 'cuda' else f'cpu ({torch.get_num_threads()} threads)',
                model=a.model, rows=a.rows or f'synthetic {a.lengths}', conversations=len(rows), tokens=tokens,
-               labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens,
+               labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens, base_dtype=a.base_dtype,
                versions=package_versions(('torch', 'transformers', 'peft')), variants={})
     for v in a.variants.split(','):
         attention = register_conversation_attention() if v == 'packed' else 'sdpa'
         torch.manual_seed(0)
-        with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attention)
+        with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules='all-linear')).train()
         batches = micro_batches(v, rows, a.pack_tokens, 0)
         timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out

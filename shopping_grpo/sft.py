@@ -245,8 +245,11 @@ class SFTConfig:
     eval_batch_size:int = 8
     loss_chunk:int = 2048                # labelled positions per LM-head chunk
     gradient_checkpointing:bool = False  # trade compute for activation memory
+    base_dtype:str = 'float32'           # the frozen base weights (bf16 autocast on a GPU either way); 'bfloat16': LoRA's stay float32
     seed:int = 0
     def __post_init__(self):
+        if self.base_dtype not in ('float32', 'bfloat16'):
+            raise ValueError(f"base_dtype must be 'float32' or 'bfloat16', not {self.base_dtype!r}")
         if self.pack_tokens and self.batch_size != 1:
             raise ValueError(f"a packed micro-batch is one row of up to {self.pack_tokens} tokens: "
                              f"batch_size must be 1, not {self.batch_size}")
@@ -415,7 +418,7 @@ def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     transformers.set_seed(cfg.seed)
     attention = dict(attn_implementation=register_conversation_attention()) if cfg.pack_tokens else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **attention)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.base_dtype), **attention)
     model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                              target_modules=cfg.target_modules, task_type='CAUSAL_LM'))
     loss_fn = ActionLoss(model.get_output_embeddings(), cfg.loss_chunk)
