@@ -209,9 +209,9 @@ def pipeline_state(run_dir, lines:int=8) -> dict:
     run_dir = Path(run_dir)
     if not (run_dir/'pipeline.pid').exists(): return dict(state='none', ledger={}, tail=[])
     started = json.loads((run_dir/'pipeline.pid').read_text())
-    log = (run_dir/'pipeline.log').read_text(errors='replace') if (run_dir/'pipeline.log').exists() else ''
+    log = (run_dir/'pipeline.log').read_bytes().decode(errors='replace') if (run_dir/'pipeline.log').exists() else ''  # \r kept
     this = log[log.rfind(_STARTED):] if _STARTED in log else log  # the latest start only
-    out = [l.split('\r')[-1].rstrip() for l in this.splitlines()]  # a progress bar redraws its line after \r
+    out = [l.split('\r')[-1].rstrip() for l in this.split('\n')]  # a progress bar redraws its line after \r
     out = [l for l in out if l.strip()]
     stage = next((m.group(0) for l in reversed(out) if (m := _STAGE_LINE.match(l))), None)
     here = started.get('host') == socket.gethostname()  # a pid file carried from another machine names no process here
