@@ -366,7 +366,8 @@ def release(self:SlotDecoder) -> int:
     if self.cache is None: return 0
     n = kv_bytes(self.model.config, self.rows, self.L, self.model.dtype)
     self.cache = self.where = None
-    self.graphs, self.held = {}, [None] * self.rows
+    self.graphs = {}
+    self.reset()  # no row holds an episode's ids any more
     if self.device.startswith('cuda'): torch.cuda.empty_cache()  # the freed blocks go back for any size of tensor
     return n
 

@@ -108,14 +108,14 @@ def output(self:ShoppingRollout, te:TokenEpisode, seconds:dict, with_logprobs:bo
     if len(te.response_ids) > self.response_length:
         raise RuntimeError(f"task {ep.task.task_id}: {len(te.response_ids)} response tokens exceed "
                            f"response_length {self.response_length}")
-    if self.record_dir: self.keep(te, seconds)
+    rec = ep.record('verl', n_generated=sum(te.response_mask), seconds=round(sum(seconds.values()), 3), finished=time.time())
+    if self.record_dir: self.keep(rec)
     info = dict(reward_v3=float(d.reward), strict_success=float(d.strict_success),
                 purchase_success=float(d.purchase_success), reward_valid=float(d.reward_valid),
                 n_steps=float(ep.env.log.steps), guard_rejections=float(ep.flags.get('guard_rejection', 0)))
     scores = turn_scores(ep)
     info['refused_turns'] = float(sum(x < 0 for x in scores))
-    trained = trains_on(dict(infrastructure_invalid=ep.infra is not None, termination_reason=d.termination_reason,
-                             reward_detail=d.as_dict()), self.reward)
+    trained = trains_on(rec, self.reward)
     info['trained'] = float(trained)
     return dict(prompt_ids=te.prompt_ids, response_ids=te.response_ids,
                 response_mask=te.response_mask if trained else [0] * len(te.response_mask),
@@ -126,14 +126,11 @@ def output(self:ShoppingRollout, te:TokenEpisode, seconds:dict, with_logprobs:bo
                                                    reward_extra_info=info, turn_scores=scores))
 
 @patch
-def keep(self:ShoppingRollout, te:TokenEpisode, seconds:dict):
-    "Append the episode's trajectory record to this process's rollouts file."
+def keep(self:ShoppingRollout, rec:dict):
+    "Append the trajectory record `rec` to this process's rollouts file."
     path = Path(self.record_dir)/f'rollouts-{os.getpid()}.jsonl'
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, 'a', encoding='utf-8') as f:
-        append_record(f,
-                      te.ep.record('verl', n_generated=sum(te.response_mask), seconds=round(sum(seconds.values()), 3),
-                                   finished=time.time()))
+    with open(path, 'a', encoding='utf-8') as f: append_record(f, rec)
 
 # %% ../nbs/06a_verl.ipynb #e34b8beb
 ADVANTAGE_NAME = 'grpo_trained'  # our advantage estimator's name in veRL's registry
