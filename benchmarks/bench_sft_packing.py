@@ -4,7 +4,7 @@ backward (the action-only loss, as `ActionLoss`) over the same conversations and
 counted), wall and CPU seconds and, on a GPU, peak memory. On a shared CPU machine, read the CPU seconds
 (`--threads 1` keeps them steady). Weights are random: the speed of a pass does not depend on them, and no model
 needs to travel. Models: `tiny` (05_sft's `tiny_model`), `smollm2` (SmolLM2-135M's shape, from the embedded
-checkpoint's config), `qwen-shape` (Qwen2.5-0.5B's shape, built from numbers).
+checkpoint's config), `qwen-shape` and `qwen1.5b-shape` (Qwen2.5-0.5B's and 1.5B's shapes, built from numbers).
 
     python benchmarks/bench_sft_packing.py --model tiny --rows outputs/nbtest-05/sft_demo/sft_train.jsonl --out /tmp/packing.json
     python benchmarks/bench_sft_packing.py --model qwen-shape --out benchmarks/results/sft_packing_qwen_shape.json   # on a GPU
@@ -17,12 +17,15 @@ from pathlib import Path
 VARIANTS = ('one', 'padded4', 'packed_mask', 'packed')
 
 
-def qwen_shape():
-    "The configuration of a Qwen2.5-0.5B-sized model."
+QWEN_SHAPES = {'qwen-shape': dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
+               'qwen1.5b-shape': dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12)}
+
+
+def qwen_shape(name:str='qwen-shape'):
+    "The configuration of a Qwen2.5-0.5B-sized (`qwen-shape`) or 1.5B-sized (`qwen1.5b-shape`) model."
     from transformers import Qwen2Config
-    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                       rope_theta=1e6, tie_word_embeddings=True)
+    return Qwen2Config(vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                       tie_word_embeddings=True, **QWEN_SHAPES[name])
 
 
 def model_config(name:str, scratch:Path):
@@ -30,7 +33,7 @@ def model_config(name:str, scratch:Path):
     from transformers import AutoConfig
     from shopping_grpo.model import materialize_model
     from shopping_grpo.sft import tiny_model
-    if name == 'qwen-shape': return qwen_shape(), None
+    if name in QWEN_SHAPES: return qwen_shape(name), None
     path = tiny_model(scratch/'tiny') if name == 'tiny' else materialize_model(name)
     return AutoConfig.from_pretrained(str(path)), str(path)
 
@@ -74,7 +77,7 @@ def timed_pass(model, batches, device:str) -> tuple[float, float]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--model', default='tiny', choices=['tiny', 'smollm2', 'qwen2.5-0.5b', 'qwen-shape'])
+    ap.add_argument('--model', default='tiny', choices=['tiny', 'smollm2', 'qwen2.5-0.5b', *QWEN_SHAPES])
     ap.add_argument('--rows', default=None, help="trajectory JSONL (04_collect's sft_train.jsonl); none: synthetic rows")
     ap.add_argument('--conversations', type=int, default=32, help='conversations per pass')
     ap.add_argument('--lengths', default='1000,7500', help='synthetic rows: shortest,longest (the Qwen reference: mean 4,029)')
@@ -92,7 +95,7 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from peft import LoraConfig, get_peft_model
     from shopping_grpo.records import package_versions
-    from shopping_grpo.sft import SFTData, register_conversation_attention
+    from shopping_grpo.sft import SFTData, register_conversation_attention, model_flops_utilisation
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if a.threads: torch.set_num_threads(a.threads)
     cfg, tok_path = model_config(a.model, Path(a.scratch))
@@ -110,6 +113,7 @@ def main():
         torch.manual_seed(0)
         with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules='all-linear')).train()
+        res['model_params'] = sum(p.numel() for p in model.parameters())  # as 05_sft counts them: base and LoRA
         batches = micro_batches(v, rows, a.pack_tokens, 0)
         timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
         if device == 'cuda': torch.cuda.reset_peak_memory_stats()
@@ -117,7 +121,8 @@ def main():
         res['variants'][v] = dict(micro_batches=len(batches), seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds),
                                   cpu_seconds=round(cpu_seconds, 3), tokens_per_cpu_s=round(tokens / cpu_seconds),
                                   longest_micro_batch=max(b['input_ids'].numel() for b in batches),
-                                  peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None)
+                                  peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None,
+                                  mfu=model_flops_utilisation(tokens / seconds, res['model_params'], res['device']))
         print(v, json.dumps(res['variants'][v]), flush=True)
         del model, batches
         if device == 'cuda': torch.cuda.empty_cache()

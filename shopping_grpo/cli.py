@@ -133,11 +133,18 @@ def thread_env(cpu_threads:int, env:dict|None=None) -> dict:
 # %% ../nbs/99_cli.ipynb #1fa753c1
 import re
 _COMMITTED = re.compile(r"""['"]\.\./(outputs/(?:reference|history)/[^'"{}\s]*)['"]""")
+_QUOTED = re.compile(r"""['"]([\w.-]+)['"]""")
 
 def committed_inputs(stage:str) -> list[str]:
-    "The committed files and folders under outputs/reference and outputs/history that stage notebook `stage` names, from the root."
-    cells = json.loads((ROOT/'nbs'/f'{stage}.ipynb').read_text(encoding='utf-8'))['cells']
-    return sorted({m for c in cells if c['cell_type'] == 'code' for m in _COMMITTED.findall(''.join(c['source']))})
+    """The committed files and folders under outputs/reference and outputs/history that stage notebook `stage` names,
+    from the root; where it builds paths under outputs/reference from run names, the published run of every profile
+    name it quotes."""
+    code = [''.join(c['source']) for c in json.loads((ROOT/'nbs'/f'{stage}.ipynb').read_text(encoding='utf-8'))['cells']
+            if c['cell_type'] == 'code']
+    named = {m for src in code for m in _COMMITTED.findall(src)}
+    if any("outputs/reference')" in src for src in code):
+        named |= {f'outputs/reference/{n}' for src in code for n in _QUOTED.findall(src) if (ROOT/'profiles'/f'{n}.yaml').exists()}
+    return sorted(named)
 
 # %% ../nbs/99_cli.ipynb #383e49ed
 @app.command()
