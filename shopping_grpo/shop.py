@@ -6,7 +6,7 @@
 from __future__ import annotations
 from pathlib import Path
 from .env import Catalog, SearchIndex, ShopEnv, build_catalog
-from .tasks import Task, make_tasks, write_tasks, read_tasks, load_benchmark, BENCHMARK, wording_of
+from .tasks import Task, make_tasks, write_tasks, read_tasks, load_benchmark, BENCHMARK, wording_of, WORDINGS, KEEPS_TEMPLATE
 from .records import data_dir
 from .reward import score_episode
 
@@ -53,10 +53,10 @@ def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, la
         path = run_dir/'tasks'/f'{s}_{lang}.jsonl'
         if path.exists(): tasks[s] = read_tasks(path, catalog)
     trained = {wording_of(t) for s, ts in tasks.items() if s != 'eval' for t in ts}
-    asked = wording or next((w for w in ('wide', 'mixed', 'varied') if w in trained), 'template')
-    fits = dict(template={'template'}, varied={'varied'}, mixed={'template', 'mixed'}, wide={'template', 'wide'})  # some kept in the template
-    worded = lambda ts: ({wording_of(t) for t in ts} <= fits[asked] and
-                         (asked not in ('mixed', 'wide') or not ts or ts[0].split == 'eval' or asked in {wording_of(t) for t in ts}))
+    asked = wording or next((w for w in reversed(WORDINGS) if w in trained and w != 'template'), 'template')
+    fits = {asked, 'template'} if asked in KEEPS_TEMPLATE else {asked}  # some kept in the template
+    worded = lambda ts: ({wording_of(t) for t in ts} <= fits and
+                         (asked not in KEEPS_TEMPLATE or not ts or ts[0].split == 'eval' or asked in {wording_of(t) for t in ts}))
     stale = [s for s in tasks if not worded(tasks[s])]  # written in the other wording: made again
     short = [s for s in tasks if 0 <= sizes[s] and len(tasks[s]) < sizes[s] and not (s == 'eval' and frozen)]
     if set(tasks) != set(sizes) or stale or short:  # made again, never fewer than a file holds: a run's files stay whole

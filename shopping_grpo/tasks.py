@@ -11,8 +11,8 @@ from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price, subc
 from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
-__all__ = ['PHRASES', 'WORDINGS', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION', 'BENCHMARK',
-           'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'TaskFacts', 'Task', 'satisfies', 'word_request',
+__all__ = ['PHRASES', 'WORDINGS', 'KEEPS_TEMPLATE', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION',
+           'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'TaskFacts', 'Task', 'satisfies', 'word_request',
            'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword',
            'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
            'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
@@ -117,6 +117,7 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
 
 # %% ../nbs/01_tasks.ipynb #d7cac943
 WORDINGS = ('template', 'varied', 'mixed', 'wide')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them
+KEEPS_TEMPLATE = ('mixed', 'wide')  # wordings that keep a share of the training tasks in the template
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -327,7 +328,7 @@ def split_of_cluster(cluster:int, seed:int) -> str:
 # %% ../nbs/01_tasks.ipynb #b3b0cd13
 def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, progress:bool=False,
                wording:str='template',  # 'varied': training splits in train styles, the eval split in held-out ones
-               mixed_share:float=0.5,   # 'mixed': the share of training tasks that keep the template wording
+               mixed_share:float=0.5,   # KEEPS_TEMPLATE wordings: the share of training tasks that keep the template wording
                ) -> dict[str, list[Task]]:
     "Tasks for every split in `sizes`, deterministic in `seed`; targets drawn from each split's clusters."
     if wording not in WORDINGS: raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
@@ -344,7 +345,7 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         p = catalog.product(r)
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
-        if t and wording in ('mixed', 'wide') and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
+        if t and wording in KEEPS_TEMPLATE and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
             t = reword_mixed(t, p, seed, wide=wording == 'wide')
         if t:
             out[s].append(t)
