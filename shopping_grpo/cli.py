@@ -143,7 +143,8 @@ def committed_inputs(stage:str) -> list[str]:
             if c['cell_type'] == 'code']
     named = {m for src in code for m in _COMMITTED.findall(src)}
     if any("outputs/reference')" in src for src in code):
-        named |= {f'outputs/reference/{n}' for src in code for n in _QUOTED.findall(src) if (ROOT/'profiles'/f'{n}.yaml').exists()}
+        profiles = {p.stem for p in (ROOT/'profiles').glob('*.yaml')}
+        named |= {f'outputs/reference/{n}' for src in code for n in _QUOTED.findall(src) if n in profiles}
     return sorted(named)
 
 # %% ../nbs/99_cli.ipynb #383e49ed
