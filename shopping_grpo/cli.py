@@ -444,7 +444,8 @@ def unpack_run_command(pack:str=typer.Argument(..., help='folder holding RUN.jso
 # %% ../nbs/99_cli.ipynb #3692c418
 PUBLISH_LEFT_OUT = ('tasks', 'collect', 'agent', 'shoppers', 'sft_demo',  # remade from the seed (01, 04) or demonstrations (02c, 03, 05)
                     'judge_calibration',  # the calibration shoppers' episodes, replayed from the seed (08); their verdicts stay in eval/
-                    'report')  # 09_report makes it again from the publication (run_dir: the published folder)
+                    'report',  # 09_report makes it again from the publication (run_dir: the published folder)
+                    'pipeline.log', 'pipeline.pid')  # the machine's console and its process marker; pipeline.json keeps each stage's time
 PUBLISH_KEPT = ('collect/audit.json',)  # what a left-out folder still gives a reader: the collection's audit
 PUBLISH_ADAPTERS = ('sft/adapter', 'grpo/adapter')  # the GRPO model is its adapter on the SFT model: both are needed
 PUBLISH_MAX_MB = 45.0  # a GPU host's call takes 64 MiB: the checkout (~8 MB and the publication) and a bundle piece of ~13 MB
