@@ -792,6 +792,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._shows': ( 'policies.html#reasonwriter._shows',
                                                                                         'shopping_grpo/policies.py'),
+                                        'shopping_grpo.policies.ReasonWriter._unseen': ( 'policies.html#reasonwriter._unseen',
+                                                                                         'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter.reset': ( 'policies.html#reasonwriter.reset',
                                                                                        'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ShopperPolicy': ( 'policies.html#shopperpolicy',

@@ -19,19 +19,20 @@ __all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'PASSED_NAMED', 'ShopperPolicy', 'E
 class ShopperPolicy:
     "A text-action shopper of `02c_shoppers` as a tool-calling policy; with `reasons`, each call follows a reason line."
     def __init__(self, shopper, as_tool_calls:bool=True,
-                 reasons:bool=False):  # write `ReasonWriter`'s line before each call (the expert only, in English)
+                 reasons:bool=False,  # write `ReasonWriter`'s line before each call (the expert only, in English)
+                 grounded:bool=True):  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
-        self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
-        self.writer = ReasonWriter(shopper) if reasons else None
+        self.shopper, self.name, self.as_tool_calls, self.reasons, self.grounded = shopper, shopper.name, as_tool_calls, reasons, grounded
+        self.writer = ReasonWriter(shopper, grounded) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
         if self.writer: self.writer.reset(task)
         self.n = 0
     def fork(self) -> 'ShopperPolicy':
         import copy
-        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons)
+        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons, self.grounded)
     def reply(self, ep:Episode) -> dict:
         try: text = self.shopper.act(ep.state)
         except StopIteration: text = 'finish[no plan left]'
@@ -42,10 +43,10 @@ class ShopperPolicy:
         return dict(role='assistant', content=said, tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
-def ExpertPolicy(catalog, reasons:bool=False) -> ShopperPolicy:
+def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True) -> ShopperPolicy:
     """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
-    `reasons`, a line before each call says what it checks."""
-    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons)
+    `reasons`, a line before each call says what it checks (`grounded`: as `ReasonWriter`)."""
+    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded)
 
 # %% ../nbs/03c_policies.ipynb #667a9a04
 REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
@@ -69,7 +70,8 @@ PARTS = dict(  # the pieces of a line's lists
     left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
     no_feature="features without {x}", passed="{asin} ({lacks})",
-    asked="{x} (asked as {said})")  # a feature or option value the request names in other words
+    asked="{x} (asked as {said})",  # a feature or option value the request names in other words, where a page shows it
+    unseen='"{said}"')  # the same before a page shows it, or where none does: the request's words only
 
 LAST_JOINT = ' and '  # between the last two items of a list in a line
 
@@ -86,7 +88,9 @@ def reason_words() -> set[str]:
 # %% ../nbs/03c_policies.ipynb #ad1862da
 class ReasonWriter:
     "Writes the expert's reason line for an action: what the page it acts on shows against the request."
-    def __init__(self, shopper:ExpertShopper): self.s = shopper  # its parse of the request: brand, model, features, ...
+    def __init__(self, shopper:ExpertShopper,  # its parse of the request: brand, model, features, ...
+                 grounded:bool=True):  # name a feature or option value by the page's word only where a page shows it
+        self.s, self.grounded = shopper, grounded
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
@@ -157,10 +161,10 @@ def _lacks(self:ReasonWriter, state:dict) -> list[str]:
     s, axes = self.s, {o['name']: o['values'] for o in state['options']}
     out = [PARTS['wrong_brand'].format(x=state['brand'], want=s.brand) if s.brand and state['brand'] != s.brand else '',
            PARTS['no_model'].format(x=s.model) if s.model and s.model not in state['title'] else '']
-    out += [PARTS['no_option'].format(x=self._asked(v, k)) for k, v in s.opts.items() if v not in axes.get(k, [])]
+    out += [PARTS['no_option'].format(x=self._unseen(v, k)) for k, v in s.opts.items() if v not in axes.get(k, [])]
     if state['asin'] in self.features:
         text = ' '.join(self.features[state['asin']]).lower()
-        if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*map(self._asked, miss))))
+        if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*map(self._unseen, miss))))
     chosen = all(o['selected'] == s.opts.get(o['name'], o['selected']) for o in state['options'])
     if chosen and self.budget is not None and (state['price'] is None or state['price'] > self.budget):
         out.append(self._price(state['price']))  # the price of the requested variant only
@@ -182,7 +186,7 @@ def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
     s, asin = self.s, state['asin']
     if arg == '< prev': return REASONS['reject'].format(asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
     if arg == 'features': return REASONS['read_features'].format(asin=asin, shows=self._shows(state, False),
-                                                                feats=_said(*map(self._asked, s.feats)))
+                                                                feats=_said(*map(self._unseen, s.feats)))
     if arg == 'buy now': return REASONS['buy'].format(asin=asin, shows=self._shows(state, True))
     axis = next((o for o in state['options'] if arg in o['values']), None)
     if axis is None: return REASONS['other']
@@ -197,7 +201,7 @@ def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
     self.features[state['asin']] = list(state['content'])
     text = ' '.join(state['content']).lower()
     found = [x for x in self.s.feats if x.lower() in text]
-    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*map(self._asked, miss)))
+    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*map(self._unseen, miss)))
     return REASONS['features_ok'].format(found=_said(*map(self._asked, found)))
 
 # %% ../nbs/03c_policies.ipynb #c753d9ae
@@ -220,6 +224,12 @@ def request_words(t:Task, p:dict) -> dict:
 def _asked(self:ReasonWriter, x:str, axis:str|None=None) -> str:
     "Feature (`axis` None) or option value `x` as a line names it: with the request's words beside it where they differ."
     return PARTS['asked'].format(x=x, said=w) if (w := self.said.get((axis, x))) else x
+
+@patch
+def _unseen(self:ReasonWriter, x:str, axis:str|None=None) -> str:
+    "Feature or option value `x` as a line names it before a page shows it (or where none does): grounded, by the request's own words."
+    if not self.grounded: return self._asked(x, axis)  # the page's word the teacher knows from the catalog, beside the request's
+    return PARTS['unseen'].format(said=w) if (w := self.said.get((axis, x))) else x
 
 # %% ../nbs/03c_policies.ipynb #2cb399ea
 def ungrounded_reasons(rec:dict) -> list[tuple[str, list[str]]]:
