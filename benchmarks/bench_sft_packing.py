@@ -9,6 +9,7 @@ checkpoint's config), `qwen-shape` and `qwen1.5b-shape` (Qwen2.5-0.5B's and 1.5B
     python benchmarks/bench_sft_packing.py --model tiny --rows outputs/nbtest-05/sft_demo/sft_train.jsonl --out /tmp/packing.json
     python benchmarks/bench_sft_packing.py --model qwen-shape --out benchmarks/results/sft_packing_qwen_shape.json   # on a GPU
     python benchmarks/bench_sft_packing.py --model qwen-shape --variants packed --base-dtype bfloat16 --out /tmp/packed_bf16.json   # the base in bf16
+    python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --profile 2 --out /tmp/profiled.json   # where the time goes
 """
 from __future__ import annotations
 import argparse, json, time
@@ -75,6 +76,25 @@ def timed_pass(model, batches, device:str) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def profiled_pass(model, batches, device:str, top:int=12) -> dict:
+    """One pass over `batches` under torch's profiler: how busy the device was (its kernels' time over the wall time,
+    the gaps being where it waited for the CPU) and the `top` operators by their own device time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device == 'cuda'
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t0 = time.perf_counter()
+        timed_pass(model, batches, device)
+        wall = time.perf_counter() - t0
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events = sorted(prof.key_averages(), key=own, reverse=True)
+    total = sum(own(e) for e in events) / 1e6  # seconds of device (or CPU) time the operators themselves spent
+    return dict(micro_batches=len(batches), wall_seconds=round(wall, 3), busy_seconds=round(total, 3),
+                busy_share=round(total / wall, 3) if cuda else None,
+                top=[dict(op=e.key[:80], seconds=round(own(e) / 1e6, 4), share=round(own(e) / 1e6 / total, 3), calls=e.count)
+                     for e in events[:top]])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--model', default='tiny', choices=['tiny', 'smollm2', 'qwen2.5-0.5b', *QWEN_SHAPES])
@@ -88,6 +108,8 @@ def main():
     ap.add_argument('--threads', type=int, default=None, help="CPU threads (torch's default: one per core)")
     ap.add_argument('--base-dtype', default='float32', choices=['float32', 'bfloat16'],
                     help="the frozen base weights, as 05_sft's base_dtype (bf16 autocast on a GPU either way)")
+    ap.add_argument('--lora-dropout', type=float, default=0.05, help="05_sft's lora_dropout (0: PEFT skips the dropout)")
+    ap.add_argument('--profile', type=int, default=0, help='also profile a pass over this many micro-batches of each variant')
     ap.add_argument('--scratch', default='outputs/bench-sft-packing')
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
@@ -107,12 +129,13 @@ def main():
     res = dict(device=torch.cuda.get_device_name() if device == 'cuda' else f'cpu ({torch.get_num_threads()} threads)',
                model=a.model, rows=a.rows or f'synthetic {a.lengths}', conversations=len(rows), tokens=tokens,
                labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens, base_dtype=a.base_dtype,
+               lora_dropout=a.lora_dropout,
                versions=package_versions(('torch', 'transformers', 'peft')), variants={})
     for v in a.variants.split(','):
         attention = register_conversation_attention() if v == 'packed' else 'sdpa'
         torch.manual_seed(0)
         with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules='all-linear')).train()
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=a.lora_dropout, target_modules='all-linear')).train()
         res['model_params'] = sum(p.numel() for p in model.parameters())  # as 05_sft counts them: base and LoRA
         batches = micro_batches(v, rows, a.pack_tokens, 0)
         timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
@@ -123,6 +146,7 @@ def main():
                                   longest_micro_batch=max(b['input_ids'].numel() for b in batches),
                                   peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None,
                                   mfu=model_flops_utilisation(tokens / seconds, res['model_params'], res['device']))
+        if a.profile: res['variants'][v]['profile'] = profiled_pass(model, batches[:a.profile], device)
         print(v, json.dumps(res['variants'][v]), flush=True)
         del model, batches
         if device == 'cuda': torch.cuda.empty_cache()
