@@ -133,18 +133,20 @@ def thread_env(cpu_threads:int, env:dict|None=None) -> dict:
 # %% ../nbs/99_cli.ipynb #1fa753c1
 import re
 _COMMITTED = re.compile(r"""['"]\.\./(outputs/(?:reference|history)/[^'"{}\s]*)['"]""")
-_QUOTED = re.compile(r"""['"]([\w.-]+)['"]""")
+_QUOTED = re.compile(r"""['"]((?:\.\./history/)?[\w.-]+)['"]""")  # a run name under outputs/reference, or ../history/<name> from there
 
 def committed_inputs(stage:str) -> list[str]:
     """The committed files and folders under outputs/reference and outputs/history that stage notebook `stage` names,
     from the root; where it builds paths under outputs/reference from run names, the published run of every profile
-    name it quotes."""
+    name it quotes, and every ../history/<name> it quotes (outputs/history/<name>)."""
     code = [''.join(c['source']) for c in json.loads((ROOT/'nbs'/f'{stage}.ipynb').read_text(encoding='utf-8'))['cells']
             if c['cell_type'] == 'code']
     named = {m for src in code for m in _COMMITTED.findall(src)}
     if any("outputs/reference')" in src for src in code):
         profiles = {p.stem for p in (ROOT/'profiles').glob('*.yaml')}
-        named |= {f'outputs/reference/{n}' for src in code for n in _QUOTED.findall(src) if n in profiles}
+        quoted = {n for src in code for n in _QUOTED.findall(src)}
+        named |= {f'outputs/reference/{n}' for n in quoted if n in profiles}
+        named |= {f'outputs/history/{n.removeprefix("../history/")}' for n in quoted if n.startswith('../history/')}
     return sorted(named)
 
 # %% ../nbs/99_cli.ipynb #383e49ed
