@@ -52,6 +52,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.cli.stage_key': ('cli.html#stage_key', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_keys': ('cli.html#stage_keys', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.stage_parameters': ('cli.html#stage_parameters', 'shopping_grpo/cli.py'),
+                                   'shopping_grpo.cli.stale_inputs': ('cli.html#stale_inputs', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.start_detached': ('cli.html#start_detached', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.thread_env': ('cli.html#thread_env', 'shopping_grpo/cli.py'),
                                    'shopping_grpo.cli.unpack_run': ('cli.html#unpack_run', 'shopping_grpo/cli.py'),

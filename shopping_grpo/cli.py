@@ -19,7 +19,7 @@ __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_O
            'PUBLISH_MAX_MB', 'GZIP_OVER', 'EVAL_SEEDED', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS',
            'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile',
            'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
-           'record_stage', 'finished_after', 'stage_keys', 'thread_env', 'committed_inputs', 'pipeline',
+           'record_stage', 'finished_after', 'stage_keys', 'stale_inputs', 'thread_env', 'committed_inputs', 'pipeline',
            'process_alive', 'pipeline_state', 'start_detached', 'watch', 'carried_files', 'pack_run', 'remake_merged',
            'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
            'published_adapters', 'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command', 'seed_eval',
@@ -118,6 +118,13 @@ def stage_keys(names:list[str], profile:dict) -> dict:
         keys[st] = before = stage_key(nb, stage_parameters(nb, profile), before, code_digest(st))
     return {st: keys[st] for st in names}
 
+# %% ../nbs/99_cli.ipynb #f5eb9ee4
+def stale_inputs(run_dir:Path, names:list[str], profile:dict) -> list[str]:
+    "Stages before the first of `names` (in `STAGES`) that run `run_dir` finished with another key than this checkout gives them."
+    first = min((STAGES.index(n) for n in names if n in STAGES), default=0)
+    led, keys = read_ledger(Path(run_dir)), stage_keys(STAGES[:first], profile) if first else {}
+    return [st for st, k in keys.items() if st in led and led[st].get('key') != k]
+
 # %% ../nbs/99_cli.ipynb #3be368d2
 # the thread pools a stage kernel starts, by the variable each library reads when it starts
 THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'RAYON_NUM_THREADS', 'POLARS_MAX_THREADS')
@@ -177,6 +184,10 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
                    f'follow it with `shopping-grpo watch {run}`', err=True)
         return
     keys = stage_keys(names, prof)
+    for st in stale_inputs(run_dir, names, prof):
+        typer.echo(f'[note] {st} finished at {read_ledger(run_dir)[st].get("finished_at")} with another key than this checkout gives it '
+                   '(its notebook, parameters or code, or an earlier stage\'s, changed since): the stages below read what it wrote then; '
+                   f'run it again (--stages {st},...) to remake it', err=True)
     for i, st in enumerate(names, 1):
         nb, out, t0 = ROOT/'nbs'/f'{st}.ipynb', run_dir/'notebooks'/f'{st}.ipynb', time.time()
         params = dict(stage_parameters(nb, prof), run_dir=str(run_dir))
