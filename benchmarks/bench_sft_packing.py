@@ -78,7 +78,8 @@ def timed_pass(model, batches, device:str) -> tuple[float, float]:
 
 def profiled_pass(model, batches, device:str, top:int=12) -> dict:
     """One pass over `batches` under torch's profiler: how busy the device was (its kernels' time over the wall time,
-    the gaps being where it waited for the CPU) and the `top` operators by their own device time."""
+    the gaps being where it waited for the CPU), the `top` operators by their own device time and, on a GPU, by their
+    own CPU time (where the host spends the pass: launching, or waiting on a synchronisation)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     cuda = device == 'cuda'
@@ -92,7 +93,9 @@ def profiled_pass(model, batches, device:str, top:int=12) -> dict:
     return dict(micro_batches=len(batches), wall_seconds=round(wall, 3), busy_seconds=round(total, 3),
                 busy_share=round(total / wall, 3) if cuda else None,
                 top=[dict(op=e.key[:80], seconds=round(own(e) / 1e6, 4), share=round(own(e) / 1e6 / total, 3), calls=e.count)
-                     for e in events[:top]])
+                     for e in events[:top]],
+                top_cpu=[dict(op=e.key[:80], seconds=round(e.self_cpu_time_total / 1e6, 4), calls=e.count)
+                         for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]] if cuda else None)
 
 
 def main():
