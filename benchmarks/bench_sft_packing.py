@@ -10,12 +10,14 @@ checkpoint's config), `qwen-shape` and `qwen1.5b-shape` (Qwen2.5-0.5B's and 1.5B
     python benchmarks/bench_sft_packing.py --model qwen-shape --out benchmarks/results/sft_packing_qwen_shape.json   # on a GPU
     python benchmarks/bench_sft_packing.py --model qwen-shape --variants packed --base-dtype bfloat16 --out /tmp/packed_bf16.json   # the base in bf16
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --profile 2 --out /tmp/profiled.json   # where the time goes
+    python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed,packed_cuts_per_layer --out /tmp/cuts.json   # cuts read once a row or once a layer
 """
 from __future__ import annotations
 import argparse, json, time
 from pathlib import Path
 
 VARIANTS = ('one', 'padded4', 'packed_mask', 'packed')
+PACKED_CUTS_PER_LAYER = 'packed_cuts_per_layer'  # `packed` as it was: every layer read the row's cuts from the device
 
 
 QWEN_SHAPES = {'qwen-shape': dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
@@ -57,6 +59,19 @@ def micro_batches(variant:str, rows:list[dict], pack_tokens:int, pad_id:int):
         order = sorted(rows, key=lambda r: len(r['input_ids']))  # like lengths together, as group_by_length does
         return [PadCollator(pad_id)(order[i:i + 4]) for i in range(0, len(order), 4)]
     return [PackedCollator()([p]) for p in pack_rows(rows, pack_tokens)]
+
+
+def cuts_read(variant:str):
+    "Where `variant` reads a packed row's cuts: `conversation_cuts` as it is (once a row), or once a layer for `packed_cuts_per_layer`."
+    import contextlib
+    from unittest import mock
+    import shopping_grpo.sft as sft
+    if variant != PACKED_CUTS_PER_LAYER: return contextlib.nullcontext()
+    cached = sft.conversation_cuts
+    def per_layer(position_ids):
+        sft._CUTS.clear()
+        return cached(position_ids)
+    return mock.patch.object(sft, 'conversation_cuts', per_layer)
 
 
 def timed_pass(model, batches, device:str) -> tuple[float, float]:
@@ -135,21 +150,23 @@ def main():
                lora_dropout=a.lora_dropout,
                versions=package_versions(('torch', 'transformers', 'peft')), variants={})
     for v in a.variants.split(','):
-        attention = register_conversation_attention() if v == 'packed' else 'sdpa'
+        attention = register_conversation_attention() if v in ('packed', PACKED_CUTS_PER_LAYER) else 'sdpa'
         torch.manual_seed(0)
         with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=a.lora_dropout, target_modules='all-linear')).train()
         res['model_params'] = sum(p.numel() for p in model.parameters())  # as 05_sft counts them: base and LoRA
         batches = micro_batches(v, rows, a.pack_tokens, 0)
-        timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
-        if device == 'cuda': torch.cuda.reset_peak_memory_stats()
-        seconds, cpu_seconds = min(timed_pass(model, batches, device) for _ in range(a.repeats))
+        with cuts_read(v):
+            timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
+            if device == 'cuda': torch.cuda.reset_peak_memory_stats()
+            seconds, cpu_seconds = min(timed_pass(model, batches, device) for _ in range(a.repeats))
         res['variants'][v] = dict(micro_batches=len(batches), seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds),
                                   cpu_seconds=round(cpu_seconds, 3), tokens_per_cpu_s=round(tokens / cpu_seconds),
                                   longest_micro_batch=max(b['input_ids'].numel() for b in batches),
                                   peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None,
                                   mfu=model_flops_utilisation(tokens / seconds, res['model_params'], res['device']))
-        if a.profile: res['variants'][v]['profile'] = profiled_pass(model, batches[:a.profile], device)
+        if a.profile:
+            with cuts_read(v): res['variants'][v]['profile'] = profiled_pass(model, batches[:a.profile], device)
         print(v, json.dumps(res['variants'][v]), flush=True)
         del model, batches
         if device == 'cuda': torch.cuda.empty_cache()

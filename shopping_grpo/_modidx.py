@@ -1055,6 +1055,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.agreement_table': ('sft.html#agreement_table', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.call_names': ('sft.html#call_names', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.conversation_attention': ('sft.html#conversation_attention', 'shopping_grpo/sft.py'),
+                                   'shopping_grpo.sft.conversation_cuts': ('sft.html#conversation_cuts', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.departure': ('sft.html#departure', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.expert_agreement': ('sft.html#expert_agreement', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.labelled_nll': ('sft.html#labelled_nll', 'shopping_grpo/sft.py'),

@@ -15,10 +15,10 @@ from .collect import load_trajectories
 # %% auto #0
 __all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'BF16_PEAK_TFLOPS', 'sft_example', 'rows_sha256',
            'rejection_places', 'SFTData', 'PadCollator', 'labelled_nll', 'action_loss', 'pack_bins', 'packed_row',
-           'pack_rows', 'pack_fill', 'PackedCollator', 'conversation_attention', 'register_conversation_attention',
-           'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining', 'ActionLoss', 'sft_summary', 'pin_sft_run',
-           'model_flops_utilisation', 'train_sft', 'merge_lora', 'turn_spans', 'call_names', 'departure',
-           'turn_agreement', 'agreement_table', 'expert_agreement']
+           'pack_rows', 'pack_fill', 'PackedCollator', 'conversation_cuts', 'conversation_attention',
+           'register_conversation_attention', 'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining',
+           'ActionLoss', 'sft_summary', 'pin_sft_run', 'model_flops_utilisation', 'train_sft', 'merge_lora',
+           'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -196,6 +196,17 @@ class PackedCollator:
                     output_hidden_states=True, logits_to_keep=1, use_cache=False)
 
 # %% ../nbs/05_sft.ipynb #2fe522a1
+_CUTS = {}  # id(position ids) -> (a weak reference to them, their cuts): the last packed row's, read once for all its layers
+
+def conversation_cuts(position_ids) -> list[int]:
+    "Where the conversations of packed row `position_ids` (1 × length) start, and its length; read from the device once per row."
+    import weakref
+    if (hit := _CUTS.get(id(position_ids))) and hit[0]() is position_ids: return hit[1]
+    pos = position_ids[0]
+    cuts = [0] + ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist() + [len(pos)]  # .tolist(): waits for the device
+    _CUTS.clear(); _CUTS[id(position_ids)] = (weakref.ref(position_ids), cuts)
+    return cuts
+
 def conversation_attention(module, query, key, value, attention_mask, position_ids=None, **kwargs):
     "Causal sdpa within each conversation of a packed row (a new one wherever the positions do not grow by one)."
     import torch
@@ -203,8 +214,7 @@ def conversation_attention(module, query, key, value, attention_mask, position_i
     if attention_mask is not None or position_ids is None or query.shape[0] != 1:  # padded batches: plain sdpa
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if kwargs.get('sliding_window'): raise NotImplementedError('packed rows with sliding-window attention')
-    pos = position_ids[0]
-    cuts = [0] + ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist() + [len(pos)]
+    cuts = conversation_cuts(position_ids)
     parts = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
              for a, b in zip(cuts, cuts[1:])]
     return torch.cat(parts, dim=1), None
