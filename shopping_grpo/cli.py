@@ -184,8 +184,9 @@ def pipeline(profile:str=typer.Option('smoke', help='profile name in profiles/ (
                    f'follow it with `shopping-grpo watch {run}`', err=True)
         return
     keys = stage_keys(names, prof)
+    earlier = read_ledger(run_dir)
     for st in stale_inputs(run_dir, names, prof):
-        typer.echo(f'[note] {st} finished at {read_ledger(run_dir)[st].get("finished_at")} with another key than this checkout gives it '
+        typer.echo(f'[note] {st} finished at {earlier[st].get("finished_at")} with another key than this checkout gives it '
                    '(its notebook, parameters or code, or an earlier stage\'s, changed since): the stages below read what it wrote then; '
                    f'run it again (--stages {st},...) to remake it', err=True)
     for i, st in enumerate(names, 1):

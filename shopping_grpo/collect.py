@@ -177,8 +177,8 @@ def collect(shop:Shop, tasks:list[Task], policy, out_dir, workers:int=4, target_
     name = getattr(policy, 'name', 'model')
     fixed = dict(policy=name, model=getattr(policy, 'model', name), base_url=getattr(policy, 'base_url', None),
                  lang=lang, max_turns=max_turns, catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256())
-    if getattr(policy, 'reasons', False): fixed['teacher_reasons'] = True  # a folder holds turns with lines or without
-    if getattr(policy, 'reasons', False) and policy.grounded: fixed['reasons_grounded'] = True  # and grounded lines or the earlier ones
+    if getattr(policy, 'reasons', False):  # a folder holds turns with lines or without, and grounded lines or the earlier ones
+        fixed |= dict(teacher_reasons=True, **({'reasons_grounded': True} if policy.grounded else {}))
     pin_run(out_dir, fixed)
     done = resume(raw, tasks, name, lang)
     prefix = Prefix([t.task_id for t in tasks], done, target_accepted)
