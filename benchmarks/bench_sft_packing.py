@@ -102,9 +102,12 @@ def profiled_pass(model, batches, device:str, top:int=12) -> dict:
         t0 = time.perf_counter()
         timed_pass(model, batches, device)
         wall = time.perf_counter() - t0
+    from torch.autograd import DeviceType
     own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    events = sorted(prof.key_averages(), key=own, reverse=True)
-    total = sum(own(e) for e in events) / 1e6  # seconds of device (or CPU) time the operators themselves spent
+    rows = prof.key_averages()
+    kernels = [e for e in rows if e.device_type == DeviceType.CUDA]  # a kernel's time is also its operator's: count it once
+    events = sorted([e for e in rows if e.device_type != DeviceType.CUDA], key=own, reverse=True)  # the operators
+    total = sum(own(e) for e in (kernels if cuda else events)) / 1e6  # seconds the device's kernels ran (on a CPU: the operators' own time)
     return dict(micro_batches=len(batches), wall_seconds=round(wall, 3), busy_seconds=round(total, 3),
                 busy_share=round(total / wall, 3) if cuda else None,
                 top=[dict(op=e.key[:80], seconds=round(own(e) / 1e6, 4), share=round(own(e) / 1e6 / total, 3), calls=e.count)
