@@ -20,19 +20,21 @@ class ShopperPolicy:
     "A text-action shopper of `02c_shoppers` as a tool-calling policy; with `reasons`, each call follows a reason line."
     def __init__(self, shopper, as_tool_calls:bool=True,
                  reasons:bool=False,  # write `ReasonWriter`'s line before each call (the expert only, in English)
-                 grounded:bool=True):  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
+                 grounded:bool=True,  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
+                 verdict_last:bool=True):  # their price part names both numbers before its verdict (`ReasonWriter`)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
-        self.shopper, self.name, self.as_tool_calls, self.reasons, self.grounded = shopper, shopper.name, as_tool_calls, reasons, grounded
-        self.writer = ReasonWriter(shopper, grounded) if reasons else None
+        self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
+        self.grounded, self.verdict_last = grounded, verdict_last
+        self.writer = ReasonWriter(shopper, grounded, verdict_last) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
         if self.writer: self.writer.reset(task)
         self.n = 0
     def fork(self) -> 'ShopperPolicy':
         import copy
-        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons, self.grounded)
+        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons, self.grounded, self.verdict_last)
     def reply(self, ep:Episode) -> dict:
         try: text = self.shopper.act(ep.state)
         except StopIteration: text = 'finish[no plan left]'
@@ -43,10 +45,10 @@ class ShopperPolicy:
         return dict(role='assistant', content=said, tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
-def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True) -> ShopperPolicy:
+def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True, verdict_last:bool=True) -> ShopperPolicy:
     """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
-    `reasons`, a line before each call says what it checks (`grounded`: as `ReasonWriter`)."""
-    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded)
+    `reasons`, a line before each call says what it checks (`grounded`, `verdict_last`: as `ReasonWriter`)."""
+    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded, verdict_last=verdict_last)
 
 # %% ../nbs/03c_policies.ipynb #667a9a04
 REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
@@ -70,6 +72,7 @@ PARTS = dict(  # the pieces of a line's lists
     left="; still to choose {x}", wrong_brand="brand {x} instead of {want}", no_model="no model {x} in the title",
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
     no_feature="features without {x}", passed="{asin} ({lacks})",
+    price_last="price {x} against {budget}: within", over_last="price {x} against {budget}: over",  # `verdict_last`
     asked="{x} (asked as {said})",  # a feature or option value the request names in other words, where a page shows it
     unseen='"{said}"')  # the same before a page shows it, or where none does: the request's words only
 
@@ -89,8 +92,9 @@ def reason_words() -> set[str]:
 class ReasonWriter:
     "Writes the expert's reason line for an action: what the page it acts on shows against the request."
     def __init__(self, shopper:ExpertShopper,  # its parse of the request: brand, model, features, ...
-                 grounded:bool=True):  # name a feature or option value by the page's word only where a page shows it
-        self.s, self.grounded = shopper, grounded
+                 grounded:bool=True,  # name a feature or option value by the page's word only where a page shows it
+                 verdict_last:bool=True):  # a price part names the price and the budget before its verdict (within, over)
+        self.s, self.grounded, self.verdict_last = shopper, grounded, verdict_last
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
@@ -113,7 +117,8 @@ class ReasonWriter:
 def _price(self:ReasonWriter, price) -> str:
     "The price part of a line: within the request's budget, over it, or not shown."
     if price is None: return PARTS['no_price']
-    return PARTS['price' if price <= self.budget else 'over'].format(x=f'{price:g}', budget=f'{self.budget:g}')
+    part = ('price' if price <= self.budget else 'over') + ('_last' if self.verdict_last else '')
+    return PARTS[part].format(x=f'{price:g}', budget=f'{self.budget:g}')
 
 @patch
 def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
