@@ -178,8 +178,7 @@ def collect(shop:Shop, tasks:list[Task], policy, out_dir, workers:int=4, target_
     fixed = dict(policy=name, model=getattr(policy, 'model', name), base_url=getattr(policy, 'base_url', None),
                  lang=lang, max_turns=max_turns, catalog_sha256=shop.catalog.sha256, code_sha256=code_sha256())
     if getattr(policy, 'reasons', False):  # a folder holds turns with lines or without, and each later form of the lines or the earlier one
-        fixed |= dict(teacher_reasons=True, **{k: True for k, on in [('reasons_grounded', policy.grounded),
-                                                                     ('reasons_verdict_last', policy.verdict_last)] if on})
+        fixed |= dict(teacher_reasons=True, **{f'reasons_{k}': True for k, on in policy.lines.items() if on})
     pin_run(out_dir, fixed)
     done = resume(raw, tasks, name, lang)
     prefix = Prefix([t.task_id for t in tasks], done, target_accepted)

@@ -26,15 +26,15 @@ class ShopperPolicy:
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
         self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
-        self.grounded, self.verdict_last = grounded, verdict_last
-        self.writer = ReasonWriter(shopper, grounded, verdict_last) if reasons else None
+        self.lines = dict(grounded=grounded, verdict_last=verdict_last)  # the form of the lines, as `ReasonWriter` takes it
+        self.writer = ReasonWriter(shopper, **self.lines) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
         if self.writer: self.writer.reset(task)
         self.n = 0
     def fork(self) -> 'ShopperPolicy':
         import copy
-        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons, self.grounded, self.verdict_last)
+        return ShopperPolicy(copy.copy(self.shopper), self.as_tool_calls, self.reasons, **self.lines)
     def reply(self, ep:Episode) -> dict:
         try: text = self.shopper.act(ep.state)
         except StopIteration: text = 'finish[no plan left]'
