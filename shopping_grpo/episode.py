@@ -21,7 +21,7 @@ from .policies import ContextOverflow, ExpertPolicy
 # %% auto #0
 __all__ = ['Event', 'Episode', 'run_message_episode', 'load_chat_template', 'ChatRenderer', 'TokenEpisode', 'generated_text',
            'played', 'hermes_text', 'scripted_run', 'run_lockstep', 'run_continuous', 'episode_valid', 'page_key',
-           'page_keys', 'run_episodes', 'play']
+           'page_keys', 'run_episodes', 'play_many', 'play']
 
 # %% ../nbs/03_agent.ipynb #f21c85b0
 @dataclass
@@ -356,19 +356,34 @@ def run_episodes(shop:Shop, tasks:list[Task], policy, renderer:ChatRenderer|None
         return run_lockstep(shop, tasks, policy, renderer, name, batch_size, lang, max_turns, **token_kw)
     return _message_records(shop, tasks, policy, lang, max_turns, workers, make_env)
 
+def play_many(shop:Shop, jobs:list[tuple[list[Task], Path]], policy, progress:bool=True, **run_kw) -> list[dict[str, dict]]:
+    """Play every task of each job `(tasks, path)` not yet recorded in its JSONL file, all in one pass of the runner (an
+    engine's rows take episodes of every job, so one job's slowest episodes overlap the others'), appending each
+    record durably to the file of each job that asked for it; each file's records by task id. A task asked by several
+    jobs with the same id and request plays once."""
+    from tqdm.auto import tqdm
+    from contextlib import ExitStack
+    dones, asked, todo = [], {}, []  # asked: (task id, request) -> the jobs that want its record
+    for j, (tasks, path) in enumerate(jobs):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        repair_tail(path)
+        dones.append(read_records(path))
+        for t in tasks:
+            if t.task_id in dones[j]: continue
+            if (t.task_id, t.instruction) not in asked: todo.append(t)
+            asked.setdefault((t.task_id, t.instruction), []).append(j)
+    name = getattr(policy, 'name', 'model')
+    with ExitStack() as files:
+        out = [files.enter_context(open(path, 'a', encoding='utf-8')) for _, path in jobs]
+        records = run_episodes(shop, todo, policy, **run_kw)
+        for r in tqdm(records, total=len(todo), desc=f'play {name}', disable=not progress, mininterval=2):
+            for j in asked[r['task_id'], r['instruction']]:
+                append_record(out[j], r)
+                dones[j][r['task_id']] = r
+    return dones
+
 def play(shop:Shop, tasks:list[Task], policy, path, progress:bool=True, **run_kw) -> dict[str, dict]:
     """Play every task not yet recorded in the JSONL file `path`, appending each record durably; all records of
     `path` by task id."""
-    from tqdm.auto import tqdm
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    repair_tail(path)
-    done = read_records(path)
-    todo = [t for t in tasks if t.task_id not in done]
-    name = getattr(policy, 'name', 'model')
-    with open(path, 'a', encoding='utf-8') as f:
-        records = run_episodes(shop, todo, policy, **run_kw)
-        for r in tqdm(records, total=len(todo), desc=f'play {name}', disable=not progress, mininterval=2):
-            append_record(f, r)
-            done[r['task_id']] = r
-    return done
+    return play_many(shop, [(tasks, path)], policy, progress, **run_kw)[0]

@@ -18,7 +18,7 @@ from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
 from .tools import TOOL_SPECS
 from .policies import ShopperPolicy, ExpertPolicy, OpenAIChatPolicy
 from .collect import shopping_trace
-from .episode import run_message_episode, play
+from .episode import run_message_episode, play, play_many
 
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
@@ -29,10 +29,10 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts',
            'check_candidates', 'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure',
            'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
-           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_model',
-           'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare',
-           'write_comparison', 'compare_wordings', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
-           'budget_habit', 'target_seen']
+           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_benchmarks',
+           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
+           'pairable', 'compare', 'write_comparison', 'compare_wordings', 'results_rows', 'opened_asins', 'first_look',
+           'listed_price', 'budget_habit', 'target_seen']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -529,26 +529,40 @@ def eval_folder(name:str, benchmark:str='template') -> str:
     if benchmark not in BENCHMARKS: raise ValueError(f"unknown benchmark {benchmark!r}: one of {BENCHMARKS}")
     return name if benchmark == 'template' else f'{name}@{benchmark}'
 
+def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_eval:int|None=None, max_turns:int=35,
+                        workers:int=4, batch_size:int=64, data=None, device:str|None=None, strata=None, progress:bool=True,
+                        play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
+                        **spec_kw) -> dict[str, dict]:
+    """Evaluate the policy `spec` names on each of `benchmarks` (template, freeform, human: the same tasks in three
+    wordings) into its folder `run_dir/eval/<folder>/` (`eval_folder`), in one pass: the model loads once and an
+    engine's rows take episodes of every benchmark. The summary of each; its `seconds` are the whole pass's."""
+    spec = as_spec(spec, **spec_kw)
+    found = {b: benchmark_tasks(shop, n_eval, data, b) for b in benchmarks}  # refuses a changed benchmark before any write
+    lang = next(iter(found.values()))[1]['lang']
+    settings = {b: eval_settings(spec, ident, shop, max_turns) for b, (_, ident) in found.items()}
+    paths = {b: prepare_folder(Path(run_dir)/'eval'/eval_folder(spec.name, b), settings[b]) for b in benchmarks}
+    t0 = time.time()
+    with open_policy(spec, shop, lang, device, run_dir, batch_size) as (pol, kw):
+        if why := endpoint_down(pol):
+            warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
+                          f"infrastructure_invalid (generation_error), counted as not judged, "
+                          f"and played again by the next run")
+        play_many(shop, [(tasks[:play] if play else tasks, paths[b]) for b, (tasks, _) in found.items()], pol, progress,
+                  lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, **kw)
+    wall = time.time() - t0
+    config = lambda b: dict(settings[b], lang=lang, max_turns=max_turns, played_with=list(benchmarks))
+    return {b: write_summary(paths[b].parent, tasks, ident, strata if strata is not None else task_strata(shop, tasks), spec.public(),
+                             config(b), wall) | dict(wall_seconds=round(wall, 2)) for b, (tasks, ident) in found.items()}
+
 def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64,
                    data=None, device:str|None=None, strata=None, progress:bool=True,
                    play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
                    benchmark:str='template',  # or 'freeform' (held-out wording), 'human' (written by hand): the same tasks (eval_folder)
                    **spec_kw) -> dict:
     "Evaluate the policy `spec` names on `benchmark` into `run_dir/eval/<folder>/` (`eval_folder`); the summary."
-    spec = as_spec(spec, **spec_kw)
-    tasks, ident = benchmark_tasks(shop, n_eval, data, benchmark)  # refuses a changed benchmark before any write
-    out, settings = Path(run_dir)/'eval'/eval_folder(spec.name, benchmark), eval_settings(spec, ident, shop, max_turns)
-    prepare_folder(out, settings)
-    t0 = time.time()
-    with open_policy(spec, shop, ident['lang'], device, run_dir, batch_size) as (pol, kw):
-        if why := endpoint_down(pol):
-            warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
-                          f"infrastructure_invalid (generation_error), counted as not judged, "
-                          f"and played again by the next run")
-        s = evaluate(shop, tasks, pol, out, lang=ident['lang'], max_turns=max_turns, workers=workers,
-                     batch_size=batch_size, config=settings, progress=progress, n_play=play, ident=ident, strata=strata,
-                     spec=spec.public(), **kw)
-    return s | dict(wall_seconds=round(time.time() - t0, 2))
+    return evaluate_benchmarks(shop, spec, run_dir, (benchmark,), n_eval, max_turns, workers, batch_size, data, device, strata,
+                               progress, play, **spec_kw)[benchmark]
+
 
 # %% ../nbs/07_evaluate.ipynb #f0d86981
 TRAINED = ('sft', 'grpo', 'verl')  # stages whose merged checkpoint a run may hold, at run_dir/<stage>/merged (verl: 06a_verl)
