@@ -22,17 +22,17 @@ from .episode import run_message_episode, play, play_many
 
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
-           'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'TRAINED',
-           'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks',
-           'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy',
-           'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed',
-           'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts',
-           'check_candidates', 'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure',
-           'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
-           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_benchmarks',
-           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
-           'pairable', 'compare', 'write_comparison', 'compare_wordings', 'results_rows', 'opened_asins', 'first_look',
-           'listed_price', 'budget_habit', 'target_seen']
+           'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'LONGEST',
+           'TRAINED', 'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident',
+           'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
+           'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
+           'set_aside_failed', 'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events',
+           'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
+           'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
+           'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder',
+           'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
+           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'results_rows',
+           'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -529,6 +529,8 @@ def eval_folder(name:str, benchmark:str='template') -> str:
     if benchmark not in BENCHMARKS: raise ValueError(f"unknown benchmark {benchmark!r}: one of {BENCHMARKS}")
     return name if benchmark == 'template' else f'{name}@{benchmark}'
 
+LONGEST = ('freeform', 'human')  # wordings whose episodes run longest, the longest last: played first in a pass
+
 def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_eval:int|None=None, max_turns:int=35,
                         workers:int=4, batch_size:int=64, data=None, device:str|None=None, strata=None, progress:bool=True,
                         play:int|None=None,  # play only the first `play` tasks (a CPU smoke run); the rest count as missing
@@ -547,7 +549,8 @@ def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_ev
             warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
                           f"infrastructure_invalid (generation_error), counted as not judged, "
                           f"and played again by the next run")
-        play_many(shop, [(tasks[:play] if play else tasks, paths[b]) for b, (tasks, _) in found.items()], pol, progress,
+        longest_first = sorted(found, key=lambda b: -LONGEST.index(b) if b in LONGEST else 1)  # their episodes do not trail the pass
+        play_many(shop, [(found[b][0][:play] if play else found[b][0], paths[b]) for b in longest_first], pol, progress,
                   lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, **kw)
     wall = time.time() - t0
     config = lambda b: dict(settings[b], lang=lang, max_turns=max_turns, played_with=list(benchmarks))
