@@ -553,9 +553,9 @@ def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_ev
         play_many(shop, [(found[b][0][:play] if play else found[b][0], paths[b]) for b in longest_first], pol, progress,
                   lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, **kw)
     wall = time.time() - t0
-    config = lambda b: dict(settings[b], lang=lang, max_turns=max_turns, played_with=list(benchmarks))
     return {b: write_summary(paths[b].parent, tasks, ident, strata if strata is not None else task_strata(shop, tasks), spec.public(),
-                             config(b), wall) | dict(wall_seconds=round(wall, 2)) for b, (tasks, ident) in found.items()}
+                             dict(settings[b], lang=lang, max_turns=max_turns), wall) | dict(wall_seconds=round(wall, 2))
+            for b, (tasks, ident) in found.items()}
 
 def evaluate_model(shop:Shop, spec, run_dir, n_eval:int|None=None, max_turns:int=35, workers:int=4, batch_size:int=64,
                    data=None, device:str|None=None, strata=None, progress:bool=True,
