@@ -11,6 +11,7 @@ checkpoint's config), `qwen-shape` and `qwen1.5b-shape` (Qwen2.5-0.5B's and 1.5B
     python benchmarks/bench_sft_packing.py --model qwen-shape --variants packed --base-dtype bfloat16 --out /tmp/packed_bf16.json   # the base in bf16
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --profile 2 --out /tmp/profiled.json   # where the time goes
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed,packed_cuts_per_layer --out /tmp/cuts.json   # cuts read once a row or once a layer
+    python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --base-dtype bfloat16 --lora-dtype base --out /tmp/lora_bf16.json   # LoRA in bf16 too
 """
 from __future__ import annotations
 import argparse, json, time
@@ -130,6 +131,8 @@ def main():
     ap.add_argument('--base-dtype', default='float32', choices=['float32', 'bfloat16'],
                     help="the frozen base weights, as 05_sft's base_dtype (bf16 autocast on a GPU either way)")
     ap.add_argument('--lora-dropout', type=float, default=0.05, help="05_sft's lora_dropout (0: PEFT skips the dropout)")
+    ap.add_argument('--lora-dtype', default='float32', choices=['float32', 'base'],
+                    help="the LoRA weights: float32 (as 05_sft: PEFT casts them up), or the base's dtype (no casts under autocast)")
     ap.add_argument('--profile', type=int, default=0, help='also profile a pass over this many micro-batches of each variant')
     ap.add_argument('--scratch', default='outputs/bench-sft-packing')
     ap.add_argument('--out', default=None)
@@ -150,13 +153,14 @@ def main():
     res = dict(device=torch.cuda.get_device_name() if device == 'cuda' else f'cpu ({torch.get_num_threads()} threads)',
                model=a.model, rows=a.rows or f'synthetic {a.lengths}', conversations=len(rows), tokens=tokens,
                labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens, base_dtype=a.base_dtype,
-               lora_dropout=a.lora_dropout,
+               lora_dropout=a.lora_dropout, lora_dtype=a.lora_dtype if a.lora_dtype == 'float32' else a.base_dtype,
                versions=package_versions(('torch', 'transformers', 'peft')), variants={})
     for v in a.variants.split(','):
         attention = register_conversation_attention() if v in ('packed', PACKED_CUTS_PER_LAYER) else 'sdpa'
         torch.manual_seed(0)
         with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=a.lora_dropout, target_modules='all-linear')).train()
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=a.lora_dropout, target_modules='all-linear'),
+                               autocast_adapter_dtype=a.lora_dtype == 'float32').train()
         res['model_params'] = sum(p.numel() for p in model.parameters())  # as 05_sft counts them: base and LoRA
         batches = micro_batches(v, rows, a.pack_tokens, 0)
         with cuts_read(v):
