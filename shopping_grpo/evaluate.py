@@ -22,7 +22,7 @@ from .episode import run_message_episode, play, play_many
 
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
-           'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'LONGEST',
+           'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
            'TRAINED', 'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident',
            'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
            'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
@@ -529,7 +529,7 @@ def eval_folder(name:str, benchmark:str='template') -> str:
     if benchmark not in BENCHMARKS: raise ValueError(f"unknown benchmark {benchmark!r}: one of {BENCHMARKS}")
     return name if benchmark == 'template' else f'{name}@{benchmark}'
 
-LONGEST = ('freeform', 'human')  # wordings whose episodes run longest, the longest last: played first in a pass
+PLAY_ORDER = ('human', 'freeform', 'template')  # a pass starts the wordings whose episodes run longest: they do not trail it
 
 def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_eval:int|None=None, max_turns:int=35,
                         workers:int=4, batch_size:int=64, data=None, device:str|None=None, strata=None, progress:bool=True,
@@ -549,8 +549,7 @@ def evaluate_benchmarks(shop:Shop, spec, run_dir, benchmarks=('template',), n_ev
             warnings.warn(f"{pol.base_url} does not answer ({why}): its episodes will be recorded as "
                           f"infrastructure_invalid (generation_error), counted as not judged, "
                           f"and played again by the next run")
-        longest_first = sorted(found, key=lambda b: -LONGEST.index(b) if b in LONGEST else 1)  # their episodes do not trail the pass
-        play_many(shop, [(found[b][0][:play] if play else found[b][0], paths[b]) for b in longest_first], pol, progress,
+        play_many(shop, [(found[b][0][:play] if play else found[b][0], paths[b]) for b in sorted(found, key=PLAY_ORDER.index)], pol, progress,
                   lang=lang, max_turns=max_turns, workers=workers, batch_size=batch_size, **kw)
     wall = time.time() - t0
     return {b: write_summary(paths[b].parent, tasks, ident, strata if strata is not None else task_strata(shop, tasks), spec.public(),
