@@ -12,6 +12,7 @@ checkpoint's config), `qwen-shape` and `qwen1.5b-shape` (Qwen2.5-0.5B's and 1.5B
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --profile 2 --out /tmp/profiled.json   # where the time goes
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed,packed_cuts_per_layer --out /tmp/cuts.json   # cuts read once a row or once a layer
     python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --base-dtype bfloat16 --lora-dtype base --out /tmp/lora_bf16.json   # LoRA in bf16 too
+    python benchmarks/bench_sft_packing.py --model qwen1.5b-shape --variants packed --base-dtype bfloat16 --compile mlp --out /tmp/mlp_compiled.json   # fused elementwise work
 """
 from __future__ import annotations
 import argparse, json, time
@@ -75,6 +76,18 @@ def cuts_read(variant:str):
     return mock.patch.object(sft, 'conversation_cuts', per_layer)
 
 
+COMPILE = ('none', 'mlp', 'layers')  # what torch.compile fuses: nothing, each block's MLP (with its LoRA), or each whole block
+
+
+def compiled(model, what:str):
+    """`model` with each decoder block's MLP (`mlp`) or whole block (`layers`) compiled by torch.compile, shapes dynamic
+    (a packed row's length changes from one micro-batch to the next); `conversation_attention`'s cuts break the graph."""
+    if what == 'none': return model
+    blocks = model.get_base_model().model.layers
+    for block in blocks: (block.mlp if what == 'mlp' else block).compile(dynamic=True)
+    return model
+
+
 def timed_pass(model, batches, device:str) -> tuple[float, float]:
     "Wall and CPU seconds of forward and backward over `batches`, with the action-only loss."
     import torch
@@ -133,6 +146,8 @@ def main():
     ap.add_argument('--lora-dropout', type=float, default=0.05, help="05_sft's lora_dropout (0: PEFT skips the dropout)")
     ap.add_argument('--lora-dtype', default='float32', choices=['float32', 'base'],
                     help="the LoRA weights: float32 (as 05_sft: PEFT casts them up), or the base's dtype (no casts under autocast)")
+    ap.add_argument('--compile', default='none', choices=COMPILE,
+                    help="torch.compile each block's MLP or each whole block (the untimed first pass compiles)")
     ap.add_argument('--profile', type=int, default=0, help='also profile a pass over this many micro-batches of each variant')
     ap.add_argument('--scratch', default='outputs/bench-sft-packing')
     ap.add_argument('--out', default=None)
@@ -153,7 +168,7 @@ def main():
     res = dict(device=torch.cuda.get_device_name() if device == 'cuda' else f'cpu ({torch.get_num_threads()} threads)',
                model=a.model, rows=a.rows or f'synthetic {a.lengths}', conversations=len(rows), tokens=tokens,
                labelled=sum(l != -100 for r in rows for l in r['labels'][1:]), pack_tokens=a.pack_tokens, base_dtype=a.base_dtype,
-               lora_dropout=a.lora_dropout, lora_dtype=a.lora_dtype if a.lora_dtype == 'float32' else a.base_dtype,
+               lora_dropout=a.lora_dropout, lora_dtype=a.lora_dtype if a.lora_dtype == 'float32' else a.base_dtype, compile=a.compile,
                versions=package_versions(('torch', 'transformers', 'peft')), variants={})
     for v in a.variants.split(','):
         attention = register_conversation_attention() if v in ('packed', PACKED_CUTS_PER_LAYER) else 'sdpa'
@@ -161,13 +176,17 @@ def main():
         with torch.device(device): model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.base_dtype), attn_implementation=attention)
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=a.lora_dropout, target_modules='all-linear'),
                                autocast_adapter_dtype=a.lora_dtype == 'float32').train()
+        model = compiled(model, a.compile)
         res['model_params'] = sum(p.numel() for p in model.parameters())  # as 05_sft counts them: base and LoRA
         batches = micro_batches(v, rows, a.pack_tokens, 0)
         with cuts_read(v):
-            timed_pass(model, batches[:1], device)  # start-up (kernels, allocator) left out
+            t0 = time.perf_counter()
+            timed_pass(model, batches[:1] if a.compile == 'none' else batches, device)  # start-up (kernels, allocator, compiling) left out
+            warmup = time.perf_counter() - t0
             if device == 'cuda': torch.cuda.reset_peak_memory_stats()
             seconds, cpu_seconds = min(timed_pass(model, batches, device) for _ in range(a.repeats))
         res['variants'][v] = dict(micro_batches=len(batches), seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds),
+                                  warmup_seconds=round(warmup, 1),
                                   cpu_seconds=round(cpu_seconds, 3), tokens_per_cpu_s=round(tokens / cpu_seconds),
                                   longest_micro_batch=max(b['input_ids'].numel() for b in batches),
                                   peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == 'cuda' else None,
