@@ -21,7 +21,7 @@ class ShopperPolicy:
     def __init__(self, shopper, as_tool_calls:bool=True,
                  reasons:bool=False,  # write `ReasonWriter`'s line before each call (the expert only, in English)
                  grounded:bool=True,  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
-                 verdict_last:bool=True):  # their price part names both numbers before its verdict (`ReasonWriter`)
+                 verdict_last:bool=True):  # their verdicts follow what they compare: price and budget, features asked and listed (`ReasonWriter`)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
@@ -61,6 +61,7 @@ REASONS = dict(  # the reason line before each kind of action; {…} is filled f
     read_features="{asin} shows {shows}; reading its features for {feats}.",
     features_ok="Its features list {found}, as requested; back to the product page.",
     features_miss="Its features lack {missing}; back to the product page.",
+    features_pairs="Its features against the request: {pairs}: {verdict}; back to the product page.",  # `verdict_last`
     select="Selecting {axis} {value} as requested{left}.",
     reject="{asin} lacks what the request asks: {lacks}; back to the results.",
     buy="{asin} meets every requirement: {shows}; buying.",
@@ -73,6 +74,7 @@ PARTS = dict(  # the pieces of a line's lists
     no_option="no option {x}", over="price {x} over {budget} yuan", no_price="no price shown",
     no_feature="features without {x}", passed="{asin} ({lacks})",
     price_last="price {x} against {budget}: within", over_last="price {x} against {budget}: over",  # `verdict_last`
+    pair="{said} = {x}", unlisted="none", all_listed="all listed", not_all_listed="not all listed",  # `verdict_last` on features
     asked="{x} (asked as {said})",  # a feature or option value the request names in other words, where a page shows it
     unseen='"{said}"')  # the same before a page shows it, or where none does: the request's words only
 
@@ -93,7 +95,7 @@ class ReasonWriter:
     "Writes the expert's reason line for an action: what the page it acts on shows against the request."
     def __init__(self, shopper:ExpertShopper,  # its parse of the request: brand, model, features, ...
                  grounded:bool=True,  # name a feature or option value by the page's word only where a page shows it
-                 verdict_last:bool=True):  # a price part names the price and the budget before its verdict (within, over)
+                 verdict_last:bool=True):  # a verdict follows what it compares: price and budget (within, over); each requested feature and the features page's word for it
         self.s, self.grounded, self.verdict_last = shopper, grounded, verdict_last
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
@@ -206,7 +208,11 @@ def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
     self.features[state['asin']] = list(state['content'])
     text = ' '.join(state['content']).lower()
     found = [x for x in self.s.feats if x.lower() in text]
-    if miss := [x for x in self.s.feats if x.lower() not in text]: return REASONS['features_miss'].format(missing=_said(*map(self._unseen, miss)))
+    miss = [x for x in self.s.feats if x.lower() not in text]
+    if self.verdict_last:  # each requested feature, in the request's words, beside the page's word for it or none; then the verdict
+        pairs = [PARTS['pair'].format(said=self._unseen(x), x=x if x in found else PARTS['unlisted']) for x in self.s.feats]
+        return REASONS['features_pairs'].format(pairs=', '.join(pairs), verdict=PARTS['not_all_listed' if miss else 'all_listed'])
+    if miss: return REASONS['features_miss'].format(missing=_said(*map(self._unseen, miss)))
     return REASONS['features_ok'].format(found=_said(*map(self._asked, found)))
 
 # %% ../nbs/03c_policies.ipynb #c753d9ae
