@@ -58,13 +58,13 @@ REASONS = dict(  # the reason line before each kind of action; {…} is filled f
     next_page="No unchecked result on this page fits the request ({needs}); next page.",
     open_past="Opening {asin}: its row fits the request ({fits}); passing over {past}.",  # before `open`: reason_kind tries it first
     open="Opening {asin}: its row fits the request ({fits}).",
-    read_features="{asin} shows {shows}; reading its features for {feats}.",
+    read_features="{first}{asin} shows {shows}; reading its features for {feats}.",
     features_ok="Its features list {found}, as requested; back to the product page.",
     features_miss="Its features lack {missing}; back to the product page.",
     features_pairs="Its features against the request: {pairs}: {verdict}; back to the product page.",  # `verdict_last`
-    select="Selecting {axis} {value} as requested{left}.",
-    reject="{asin} lacks what the request asks: {lacks}; back to the results.",
-    buy="{asin} meets every requirement: {shows}; buying.",
+    select="{first}Selecting {axis} {value} as requested{left}.",
+    reject="{first}{asin} lacks what the request asks: {lacks}; back to the results.",
+    buy="{first}{asin} meets every requirement: {shows}; buying.",
     finish="Opened {n} product(s); none showed everything the request asks, so nothing is bought.",
     other="Going on.")
 PARTS = dict(  # the pieces of a line's lists
@@ -75,6 +75,7 @@ PARTS = dict(  # the pieces of a line's lists
     no_feature="features without {x}", passed="{asin} ({lacks})",
     price_last="price {x} against {budget}: within", over_last="price {x} against {budget}: over",  # `verdict_last`
     pair="{said} = {x}", unlisted="none", all_listed="all listed", not_all_listed="not all listed",  # `verdict_last` on features
+    options_first="{asin} options against the request: {pairs}. ",  # `verdict_last`: the first line on a product page begins so
     asked="{x} (asked as {said})",  # a feature or option value the request names in other words, where a page shows it
     unseen='"{said}"')  # the same before a page shows it, or where none does: the request's words only
 
@@ -100,6 +101,7 @@ class ReasonWriter:
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
+        self.compared = set()  # the products whose options a line has set against the request (`verdict_last`)
         self.said = request_words(task, self.s.catalog.by_asin(task.facts.target_asin))  # (axis, value) -> the request's words
     def __call__(self, state:dict, action:str) -> str:
         verb, arg = parse_action(action)
@@ -188,18 +190,30 @@ def _shows(self:ReasonWriter, state:dict, chosen:bool) -> str:
                  chosen and self.budget is not None and self._price(state['price']))
 
 @patch
+def _options_first(self:ReasonWriter, state:dict) -> str:
+    """With `verdict_last`, the first line about a product page begins with each requested option value, in the
+    request's words, beside the page's value for it or none, before any verdict on the product; '' otherwise."""
+    s, asin = self.s, state['asin']
+    if not (self.verdict_last and s.opts) or asin in self.compared: return ''
+    self.compared.add(asin)
+    axes = {o['name']: o['values'] for o in state['options']}
+    pairs = [PARTS['pair'].format(said=self._unseen(v, k), x=v if v in axes.get(k, []) else PARTS['unlisted']) for k, v in s.opts.items()]
+    return PARTS['options_first'].format(asin=asin, pairs=', '.join(pairs))
+
+@patch
 def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
     "Why the expert reads the features, selects an option, buys, or goes back (what the product lacks)."
     s, asin = self.s, state['asin']
-    if arg == '< prev': return REASONS['reject'].format(asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
-    if arg == 'features': return REASONS['read_features'].format(asin=asin, shows=self._shows(state, False),
+    first = self._options_first(state) if arg in ('< prev', 'features', 'buy now') or any(arg in o['values'] for o in state['options']) else ''
+    if arg == '< prev': return REASONS['reject'].format(first=first, asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
+    if arg == 'features': return REASONS['read_features'].format(first=first, asin=asin, shows=self._shows(state, False),
                                                                 feats=_said(*map(self._unseen, s.feats)))
-    if arg == 'buy now': return REASONS['buy'].format(asin=asin, shows=self._shows(state, True))
+    if arg == 'buy now': return REASONS['buy'].format(first=first, asin=asin, shows=self._shows(state, True))
     axis = next((o for o in state['options'] if arg in o['values']), None)
     if axis is None: return REASONS['other']
     left = [v for k, v in s.opts.items() if k != axis['name']
             and next((o['selected'] for o in state['options'] if o['name'] == k), None) != v]
-    return REASONS['select'].format(axis=axis['name'], value=self._asked(arg, axis['name']), left=PARTS['left'].format(x=_said(*left)) if left else '')
+    return REASONS['select'].format(first=first, axis=axis['name'], value=self._asked(arg, axis['name']), left=PARTS['left'].format(x=_said(*left)) if left else '')
 
 @patch
 def _on_subpage(self:ReasonWriter, state:dict, arg:str) -> str:
