@@ -788,6 +788,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._on_subpage': ( 'policies.html#reasonwriter._on_subpage',
                                                                                              'shopping_grpo/policies.py'),
+                                        'shopping_grpo.policies.ReasonWriter._options_first': ( 'policies.html#reasonwriter._options_first',
+                                                                                                'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._passed_over': ( 'policies.html#reasonwriter._passed_over',
                                                                                               'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._price': ( 'policies.html#reasonwriter._price',
