@@ -458,7 +458,7 @@ def row_block_mask(lens, live, L:int):
     num = torch.ones(R, 1, 1, dtype=torch.int32, device=lens.device)
     def reads(b, h, q, kv): return torch.where(live[b], kv <= lens[b], kv == L - 1)
     mask = BlockMask.from_kv_blocks(num, order.expand(R, 1, 1, n).clone(), BLOCK_SIZE=FLEX_BLOCK, mask_mod=reads,
-                                    seq_lengths=(1, L), compute_q_blocks=False)
+                                    seq_lengths=(1, L))
     mask.row_orders = (order, torch.roll(order, 1))  # a live row's blocks in order; an idle row's last block first
     return mask
 
