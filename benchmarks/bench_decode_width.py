@@ -12,20 +12,14 @@ With `--lengths lo,hi` the rows hold lengths spread evenly from lo to hi and eac
 """
 from __future__ import annotations
 import argparse, json, time
+from bench_decode_step import Tok          # benchmarks/ is the script's folder: its neighbours import
+from bench_sft_packing import QWEN_SHAPES, qwen_shape
 
-SHAPES = {'qwen-shape': dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
-          'qwen1.5b-shape': dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12)}
-
-
-class Tok:
-    "The two things the decoder asks of a tokenizer."
-    pad_token_id = 151643
-    def convert_tokens_to_ids(self, t): return 151645
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--model', default='qwen1.5b-shape', choices=list(SHAPES))
+    ap.add_argument('--model', default='qwen1.5b-shape', choices=list(QWEN_SHAPES))
     ap.add_argument('--rows', type=int, default=100, help="07_evaluate's eval_batch")
     ap.add_argument('--widths', default='1024,2048,4096,8192,16384', help='columns the step reads')
     ap.add_argument('--repeats', type=int, default=50)
@@ -35,18 +29,19 @@ def main():
     ap.add_argument('--out', default=None)
     a = ap.parse_args()
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
     import shopping_grpo.generate as G
     from shopping_grpo.records import package_versions, write_atomic
-    shape = dict(SHAPES[a.model], **({'num_hidden_layers': a.layers} if a.layers else {}))
-    cfg = Qwen2Config(vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, **shape)
+    cfg = qwen_shape(a.model)
+    if a.layers: cfg.num_hidden_layers = a.layers
     widths = [int(w) for w in a.widths.split(',')]
+    lengths = tuple(map(int, a.lengths.split(','))) if a.lengths else None
     torch.manual_seed(0)
     with torch.device(a.device): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    attentions = ('sdpa', 'flex') if a.lengths else ('sdpa',)
+    attentions = ('sdpa', 'flex') if lengths else ('sdpa',)
     cuda = a.device.startswith('cuda')
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    res = dict(device=torch.cuda.get_device_name() if cuda else 'cpu', model=a.model, layers=shape['num_hidden_layers'],
+    res = dict(device=torch.cuda.get_device_name() if cuda else 'cpu', model=a.model, layers=cfg.num_hidden_layers,
                rows=a.rows, lengths=a.lengths, versions=package_versions(('torch', 'transformers')), widths={})
     for attention in attentions:
         dec = G.SlotDecoder(model=model, tokenizer=Tok(), max_new_tokens=1, device=a.device, rows=a.rows, max_context=max(widths),
@@ -56,9 +51,8 @@ def main():
             dec._ensure()
             dec.live.fill_(True)
             for w in widths:
-                if a.lengths:  # rows of lengths lo..hi, capped one column short of the scratch one of width w
-                    lo, hi = map(int, a.lengths.split(','))
-                    dec.lens.copy_(torch.linspace(lo, hi, a.rows).long().clamp(max=w - 2))
+                if lengths:  # rows of lengths lo..hi, capped one column short of the scratch one of width w
+                    dec.lens.copy_(torch.linspace(*lengths, a.rows).long().clamp(max=w - 2))
                 else: dec.lens.fill_(w - 2)  # every row one column short of the scratch one: the step reads all w columns
                 W = dec._decode_width(w)
                 step = (dec.graphs.get(W) or dec._capture(W))[0].replay if cuda else (lambda: dec._step(W))

@@ -450,24 +450,19 @@ FLEX_BLOCK = 128  # columns a flex-attention block covers
 
 def row_block_mask(lens, live, L:int):
     """A flex-attention block mask over `L` columns for rows of lengths `lens`: a live row reads its columns 0..lens, an
-    idle row (`live` false) the last, scratch, one; `refresh_block_mask` sets its block counts from `lens` and `live`."""
+    idle row (`live` false, its output unused) its first column only; `refresh_block_mask` sets its block counts."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask
     n, R = -(-L // FLEX_BLOCK), lens.shape[0]
-    order = torch.arange(n, dtype=torch.int32, device=lens.device)
     num = torch.ones(R, 1, 1, dtype=torch.int32, device=lens.device)
-    def reads(b, h, q, kv): return torch.where(live[b], kv <= lens[b], kv == L - 1)
-    mask = BlockMask.from_kv_blocks(num, order.expand(R, 1, 1, n).clone(), BLOCK_SIZE=FLEX_BLOCK, mask_mod=reads,
-                                    seq_lengths=(1, L))
-    mask.row_orders = (order, torch.roll(order, 1))  # a live row's blocks in order; an idle row's last block first
-    return mask
+    blocks = torch.arange(n, dtype=torch.int32, device=lens.device).expand(R, 1, 1, n).contiguous()  # every row's blocks, in order
+    def reads(b, h, q, kv): return torch.where(live[b], kv <= lens[b], kv == 0)
+    return BlockMask.from_kv_blocks(num, blocks, BLOCK_SIZE=FLEX_BLOCK, mask_mod=reads, seq_lengths=(1, L))
 
 def refresh_block_mask(mask, lens, live):
-    "Set `mask`'s block counts and orders in place from the rows' lengths `lens` and `live` (graph-safe: no new tensors escape)."
+    "Set `mask`'s block counts in place from the rows' lengths `lens` and `live` (graph-safe: the mask keeps its buffers)."
     import torch
-    ahead, last_first = mask.row_orders
     mask.kv_num_blocks.copy_(torch.where(live, lens // FLEX_BLOCK + 1, 1)[:, None, None].to(torch.int32))
-    mask.kv_indices.copy_(torch.where(live[:, None, None, None], ahead, last_first).expand_as(mask.kv_indices))
 
 # %% ../nbs/03b_generate.ipynb #f589dd6c
 @patch
@@ -480,7 +475,7 @@ def _step(self:SlotDecoder, L:int):
     cols = self.cols[None, :L]
     keep = torch.where(self.live[:, None], cols <= self.lens[:, None], cols == L - 1)
     flex = {}
-    if self.block_mask is not None:  # each row's blocks, counted from its length (in place: the graph reads the same buffers)
+    if self.decode_attention == 'flex':  # each row's blocks, counted from its length (in place: the graph reads the same buffers)
         refresh_block_mask(self.block_mask, self.lens, self.live)
         flex = dict(block_mask=self.block_mask)
     out = self.model(input_ids=self.tok_in, attention_mask=additive_mask(keep, self.model.dtype),

@@ -204,13 +204,13 @@ def _options_first(self:ReasonWriter, state:dict) -> str:
 def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
     "Why the expert reads the features, selects an option, buys, or goes back (what the product lacks)."
     s, asin = self.s, state['asin']
-    first = self._options_first(state) if arg in ('< prev', 'features', 'buy now') or any(arg in o['values'] for o in state['options']) else ''
+    axis = next((o for o in state['options'] if arg in o['values']), None)
+    if axis is None and arg not in ('< prev', 'features', 'buy now'): return REASONS['other']
+    first = self._options_first(state)
     if arg == '< prev': return REASONS['reject'].format(first=first, asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
     if arg == 'features': return REASONS['read_features'].format(first=first, asin=asin, shows=self._shows(state, False),
                                                                 feats=_said(*map(self._unseen, s.feats)))
     if arg == 'buy now': return REASONS['buy'].format(first=first, asin=asin, shows=self._shows(state, True))
-    axis = next((o for o in state['options'] if arg in o['values']), None)
-    if axis is None: return REASONS['other']
     left = [v for k, v in s.opts.items() if k != axis['name']
             and next((o['selected'] for o in state['options'] if o['name'] == k), None) != v]
     return REASONS['select'].format(first=first, axis=axis['name'], value=self._asked(arg, axis['name']), left=PARTS['left'].format(x=_said(*left)) if left else '')
