@@ -5,16 +5,11 @@ row sets the cost of all; this measures how much of a step that is. Weights are 
 
     python benchmarks/bench_decode_width.py --out benchmarks/results/decode_width_qwen1.5b_shape.json   # on a GPU
     python benchmarks/bench_decode_width.py --device cpu --layers 2 --rows 4 --widths 512,1024 --out /tmp/w.json   # CPU check
-    python benchmarks/bench_decode_width.py --lengths 2000,16000 --out /tmp/mixed.json   # rows of mixed lengths: sdpa against flex
-
-With `--lengths lo,hi` the rows hold lengths spread evenly from lo to hi and each width runs both decode attentions:
-`sdpa` (every row reads up to the widest row) and `flex` (`decode_attention='flex'`: each row its own blocks).
 """
 from __future__ import annotations
 import argparse, json, time
 from bench_decode_step import Tok          # benchmarks/ is the script's folder: its neighbours import
 from bench_sft_packing import QWEN_SHAPES, qwen_shape
-
 
 
 def main():
@@ -23,7 +18,6 @@ def main():
     ap.add_argument('--rows', type=int, default=100, help="07_evaluate's eval_batch")
     ap.add_argument('--widths', default='1024,2048,4096,8192,16384', help='columns the step reads')
     ap.add_argument('--repeats', type=int, default=50)
-    ap.add_argument('--lengths', default=None, help="lo,hi: rows of lengths lo..hi, timed with both decode attentions (none: every row at the width, sdpa)")
     ap.add_argument('--device', default='cuda')
     ap.add_argument('--layers', type=int, default=None, help='decoder layers (fewer: a CPU check of the script)')
     ap.add_argument('--out', default=None)
@@ -35,39 +29,29 @@ def main():
     cfg = qwen_shape(a.model)
     if a.layers: cfg.num_hidden_layers = a.layers
     widths = [int(w) for w in a.widths.split(',')]
-    lengths = tuple(map(int, a.lengths.split(','))) if a.lengths else None
     torch.manual_seed(0)
     with torch.device(a.device): model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    attentions = ('sdpa', 'flex') if lengths else ('sdpa',)
     cuda = a.device.startswith('cuda')
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     res = dict(device=torch.cuda.get_device_name() if cuda else 'cpu', model=a.model, layers=cfg.num_hidden_layers,
-               rows=a.rows, lengths=a.lengths, versions=package_versions(('torch', 'transformers')), widths={})
-    for attention in attentions:
-        dec = G.SlotDecoder(model=model, tokenizer=Tok(), max_new_tokens=1, device=a.device, rows=a.rows, max_context=max(widths),
-                            decode_attention=attention)
-        res['kv_gib'] = round(G.kv_bytes(cfg, a.rows, dec.L, torch.bfloat16) / 2**30, 2)
-        with torch.inference_mode():
-            dec._ensure()
-            dec.live.fill_(True)
-            for w in widths:
-                if lengths:  # rows of lengths lo..hi, capped one column short of the scratch one of width w
-                    dec.lens.copy_(torch.linspace(*lengths, a.rows).long().clamp(max=w - 2))
-                else: dec.lens.fill_(w - 2)  # every row one column short of the scratch one: the step reads all w columns
-                W = dec._decode_width(w)
-                step = (dec.graphs.get(W) or dec._capture(W))[0].replay if cuda else (lambda: dec._step(W))
-                step(); sync()
-                t = time.perf_counter()
-                for _ in range(a.repeats): step()
-                sync()
-                ms = (time.perf_counter() - t) / a.repeats * 1000
-                res['widths'].setdefault(w, {})[attention] = dict(ms_step=round(ms, 3), tokens_per_s=round(a.rows / ms * 1000))
-                print(w, attention, json.dumps(res['widths'][w][attention]), flush=True)
-        dec.release(); del dec
-    first = res['widths'][widths[0]]['sdpa']['ms_step']
-    for w in widths:
-        res['widths'][w]['sdpa']['against_first'] = round(res['widths'][w]['sdpa']['ms_step'] / first, 2)
-        if 'flex' in res['widths'][w]: res['widths'][w]['flex_speedup'] = round(res['widths'][w]['sdpa']['ms_step'] / res['widths'][w]['flex']['ms_step'], 2)
+               rows=a.rows, versions=package_versions(('torch', 'transformers')), widths={})
+    dec = G.SlotDecoder(model=model, tokenizer=Tok(), max_new_tokens=1, device=a.device, rows=a.rows, max_context=max(widths))
+    res['kv_gib'] = round(G.kv_bytes(cfg, a.rows, dec.L, torch.bfloat16) / 2**30, 2)
+    with torch.inference_mode():
+        dec._ensure()
+        dec.live.fill_(True)
+        for w in widths:
+            dec.lens.fill_(w - 2)  # every row one column short of the scratch one: the step reads all w columns
+            step = (dec.graphs.get(w) or dec._capture(w))[0].replay if cuda else (lambda: dec._step(w))
+            step(); sync()
+            t = time.perf_counter()
+            for _ in range(a.repeats): step()
+            sync()
+            ms = (time.perf_counter() - t) / a.repeats * 1000
+            res['widths'][w] = dict(ms_step=round(ms, 3), tokens_per_s=round(a.rows / ms * 1000))
+            print(w, json.dumps(res['widths'][w]), flush=True)
+    first = res['widths'][widths[0]]['ms_step']
+    for w in widths: res['widths'][w]['against_first'] = round(res['widths'][w]['ms_step'] / first, 2)
     if a.out: write_atomic(a.out, json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 

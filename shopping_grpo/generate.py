@@ -9,10 +9,9 @@ from functools import lru_cache
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DECODE_ATTENTION', 'FLEX_BLOCK', 'TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa',
-           'use_grouped_sdpa', 'StaticDecoder', 'head_dim', 'row_cache', 'SlotDecoder', 'kv_bytes', 'flex_decode',
-           'row_block_mask', 'refresh_block_mask', 'packed_attention', 'packed_groups', 'mix32', 'sample_keyed',
-           'ContinuousDecoder', 'talkative']
+__all__ = ['TransformersPolicy', 'additive_mask', 'nucleus', 'sample_next', 'grouped_sdpa', 'use_grouped_sdpa', 'StaticDecoder',
+           'head_dim', 'row_cache', 'SlotDecoder', 'kv_bytes', 'packed_attention', 'packed_groups', 'mix32',
+           'sample_keyed', 'ContinuousDecoder', 'talkative']
 
 # %% ../nbs/03b_generate.ipynb #4d061bd7
 def _load(model_path, device, dtype, model, tokenizer):
@@ -107,14 +106,12 @@ def sample_next(logits, temperature:float, top_p:float, generator=None):
 
 # %% ../nbs/03b_generate.ipynb #a30eb850
 def grouped_sdpa(module, query, key, value, attention_mask, dropout:float=0.0, scaling=None, is_causal=None,
-                 segments=None, block_mask=None, **kw):
+                 segments=None, **kw):
     """SDPA that, for one-token decode steps, folds each key/value head's query group into query positions (no KV copy);
-    a packed prefill pass (`segments`, see `ContinuousDecoder`) goes to `packed_attention`, a decode step with a
-    `block_mask` (`SlotDecoder`'s `decode_attention='flex'`) to `flex_decode`."""
+    a packed prefill pass (`segments`, see `ContinuousDecoder`) goes to `packed_attention`."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if segments is not None: return packed_attention(query, key, value, segments, scaling)
-    if block_mask is not None: return flex_decode(query, key, value, block_mask, scaling)
     b, h, q, d = query.shape
     kvh = key.shape[1]
     if q != 1 or h == kvh:
@@ -302,8 +299,6 @@ def row_cache(config, rows:int, length:int, dtype, device):
     return Cache(layers=layers), where
 
 # %% ../nbs/03b_generate.ipynb #d8ac427e
-DECODE_ATTENTION = ('sdpa', 'flex')  # how a decode step attends: every row to the widest row's columns, or each to its own
-
 class SlotDecoder(_GraphDecoder):
     """Batched decoding over rows that keep each episode's KV cache between calls: a call prefills only the new tail of
     each context (tool response, next header) and refills rows of finished episodes at once."""
@@ -313,14 +308,9 @@ class SlotDecoder(_GraphDecoder):
                  max_context:int=8192,          # tokens a row holds, generation included
                  prefill_tokens:int=32768,      # (rows x padded width) a prefill pass holds at most
                  bucket:int=512,                # attention reads the columns in use, rounded up to this
-                 cuda_graph:bool|None=None, seed:int=0, grouped_attention:bool=True,
-                 decode_attention:str='sdpa'):  # 'flex': a decode step reads each row's own columns only (`flex_decode`)
-        if decode_attention not in DECODE_ATTENTION:
-            raise ValueError(f"unknown decode_attention {decode_attention!r}: one of {', '.join(DECODE_ATTENTION)}")
-        if decode_attention == 'flex' and not grouped_attention: raise ValueError("decode_attention='flex' needs grouped_attention")
+                 cuda_graph:bool|None=None, seed:int=0, grouped_attention:bool=True):
         super().__init__(model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
                          cuda_graph, seed, grouped_attention)
-        self.decode_attention, self.block_mask = decode_attention, None
         self.rows, self.max_context, self.prefill_tokens = rows, max_context, prefill_tokens
         self.L, self.bucket = max_context + 1, bucket  # columns; the last one past every live row is scratch
         self.cache, self.where, self.graphs = None, None, {}
@@ -340,7 +330,6 @@ def _ensure(self:SlotDecoder):
     z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)
     self.lens, self.live = z(self.rows), torch.zeros(self.rows, dtype=torch.bool, device=self.device)
     self.tok_in, self.cols1, self.cols = z(self.rows, 1), z(self.rows, 1), torch.arange(self.L, device=self.device)
-    if self.decode_attention == 'flex': self.block_mask = row_block_mask(self.lens, self.live, self.L)
 
 @patch
 def _assign(self:SlotDecoder, contexts:list[list[int]]) -> list[int]:
@@ -431,39 +420,6 @@ def _prefill(self:SlotDecoder, rows:list[int], chunks:list[list[int]], starts:li
     self.where.rows = None
     return torch.stack([res[i] for i in range(len(rows))])
 
-# %% ../nbs/03b_generate.ipynb #2af33c50
-@lru_cache(None)
-def _compiled_flex():
-    "flex attention compiled (its fast kernels; the eager one is a reference implementation)."
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-    return torch.compile(flex_attention, dynamic=False)
-
-def flex_decode(query, key, value, block_mask, scaling=None):
-    "A decode step's attention by flex attention: each row reads only the key/value blocks `block_mask` lists for it."
-    from torch.nn.attention.flex_attention import flex_attention
-    attend = _compiled_flex() if query.is_cuda else flex_attention
-    out = attend(query, key, value, block_mask=block_mask, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
-
-FLEX_BLOCK = 128  # columns a flex-attention block covers
-
-def row_block_mask(lens, live, L:int):
-    """A flex-attention block mask over `L` columns for rows of lengths `lens`: a live row reads its columns 0..lens, an
-    idle row (`live` false, its output unused) its first column only; `refresh_block_mask` sets its block counts."""
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
-    n, R = -(-L // FLEX_BLOCK), lens.shape[0]
-    num = torch.ones(R, 1, 1, dtype=torch.int32, device=lens.device)
-    blocks = torch.arange(n, dtype=torch.int32, device=lens.device).expand(R, 1, 1, n).contiguous()  # every row's blocks, in order
-    def reads(b, h, q, kv): return torch.where(live[b], kv <= lens[b], kv == 0)
-    return BlockMask.from_kv_blocks(num, blocks, BLOCK_SIZE=FLEX_BLOCK, mask_mod=reads, seq_lengths=(1, L))
-
-def refresh_block_mask(mask, lens, live):
-    "Set `mask`'s block counts in place from the rows' lengths `lens` and `live` (graph-safe: the mask keeps its buffers)."
-    import torch
-    mask.kv_num_blocks.copy_(torch.where(live, lens // FLEX_BLOCK + 1, 1)[:, None, None].to(torch.int32))
-
 # %% ../nbs/03b_generate.ipynb #f589dd6c
 @patch
 def _step(self:SlotDecoder, L:int):
@@ -474,19 +430,10 @@ def _step(self:SlotDecoder, L:int):
     self.cols1.copy_(torch.where(self.live, self.lens, L - 1)[:, None])
     cols = self.cols[None, :L]
     keep = torch.where(self.live[:, None], cols <= self.lens[:, None], cols == L - 1)
-    flex = {}
-    if self.decode_attention == 'flex':  # each row's blocks, counted from its length (in place: the graph reads the same buffers)
-        refresh_block_mask(self.block_mask, self.lens, self.live)
-        flex = dict(block_mask=self.block_mask)
     out = self.model(input_ids=self.tok_in, attention_mask=additive_mask(keep, self.model.dtype),
                      position_ids=torch.where(self.live, self.lens, 0)[:, None], past_key_values=self.cache,
-                     use_cache=True, **flex)
+                     use_cache=True)
     return out.logits[:, -1]
-
-@patch
-def _decode_width(self:SlotDecoder, width:int) -> int:
-    "The columns a decode step reads: `width`, or all of them with flex attention (whose block mask skips what a row does not use)."
-    return self.L if self.decode_attention == 'flex' else width
 
 @patch
 def _capture(self:SlotDecoder, L:int):
@@ -522,11 +469,10 @@ def __call__(self:SlotDecoder, contexts:list[list[int]]) -> list[list[int]]:
         self.live[idx] = True
         self.lens.zero_()
         self.lens[idx] = torch.tensor([len(c) for c in contexts], device=self.device)
-        step = self._decode_width(width)
-        graph = (self.graphs.get(step) or self._capture(step)) if self.graph else None
+        graph = (self.graphs.get(width) or self._capture(width)) if self.graph else None
         def feed(tok, t:int):  # the call's rows only: idle rows are neither sampled nor read
             self.tok_in[idx, 0] = tok
-            if graph is None: nxt = self._step(step)[idx]
+            if graph is None: nxt = self._step(width)[idx]
             else:
                 graph[0].replay()
                 nxt = graph[1][idx]
@@ -620,11 +566,9 @@ class ContinuousDecoder(SlotDecoder):
                  max_context:int=8192,          # tokens a row holds, generation included
                  prefill_tokens:int=32768,      # tokens a packed prefill pass holds at most
                  bucket:int=512,                # attention reads the columns in use, rounded up to this
-                 cuda_graph:bool|None=None, seed:int=0,
-                 decode_attention:str='sdpa'):  # 'flex': a decode step reads each row's own columns only (`flex_decode`)
+                 cuda_graph:bool|None=None, seed:int=0):
         super().__init__(model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
-                         rows, max_context, prefill_tokens, bucket, cuda_graph, seed, grouped_attention=True,
-                         decode_attention=decode_attention)
+                         rows, max_context, prefill_tokens, bucket, cuda_graph, seed, grouped_attention=True)
         self.seed, self.decode_steps, self.prefill_passes, self.plays = seed, 0, 0, 0
 
 # %% ../nbs/03b_generate.ipynb #8b4c6d67
@@ -778,7 +722,7 @@ def _decode(self:ContinuousDecoder):
     "One decode step: every row writing a reply writes its last token and takes its next one."
     import torch
     rows = sorted(self.pending)
-    width = self._decode_width(self._width(max(self.written[r] for r in rows) + 1))
+    width = self._width(max(self.written[r] for r in rows) + 1)
     t0 = time.time()
     try:
         with torch.inference_mode():
