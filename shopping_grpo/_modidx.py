@@ -341,6 +341,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.ContinuousDecoder._pick': ( 'generate.html#continuousdecoder._pick',
                                                                                             'shopping_grpo/generate.py'),
+                                        'shopping_grpo.generate.ContinuousDecoder._prefill_due': ( 'generate.html#continuousdecoder._prefill_due',
+                                                                                                   'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.ContinuousDecoder._prefill_packed': ( 'generate.html#continuousdecoder._prefill_packed',
                                                                                                       'shopping_grpo/generate.py'),
                                         'shopping_grpo.generate.ContinuousDecoder._prefill_waiting': ( 'generate.html#continuousdecoder._prefill_waiting',

@@ -427,7 +427,9 @@ def _step(self:SlotDecoder, L:int):
     captured as a graph, one per width)."""
     import torch
     self.where.rows, self.where.cols, self.where.width = None, self.cols1, L
-    self.cols1.copy_(torch.where(self.live, self.lens, L - 1)[:, None])
+    # an idle row writes at the cache's last column, which no row holds (a row kept for its next turn keeps its keys),
+    # and reads column L - 1 of its own, whose output no one reads
+    self.cols1.copy_(torch.where(self.live, self.lens, self.L - 1)[:, None])
     cols = self.cols[None, :L]
     keep = torch.where(self.live[:, None], cols <= self.lens[:, None], cols == L - 1)
     out = self.model(input_ids=self.tok_in, attention_mask=additive_mask(keep, self.model.dtype),
@@ -559,17 +561,22 @@ def sample_keyed(logits, temperature:float, top_p:float, keys):
 class ContinuousDecoder(SlotDecoder):
     """Episodes played to their end on a fixed pool of rows (continuous batching): every decode step advances each row
     that is writing a reply by one token; a row whose reply ended hands it to its episode and prefills the episode's
-    next turn at once, or takes the next waiting episode when its own is over."""
+    next turn (at once, or with the other waiting rows every `prefill_every` steps), or takes the next waiting episode
+    when its own is over."""
     def __init__(self, model_path=None, temperature:float=0.0, top_p:float=1.0, max_new_tokens:int=256,
                  device:str|None=None, dtype:str|None=None, end_token:str='<|im_end|>', model=None, tokenizer=None,
                  rows:int=64,                   # episodes in play at once
                  max_context:int=8192,          # tokens a row holds, generation included
                  prefill_tokens:int=32768,      # tokens a packed prefill pass holds at most
                  bucket:int=512,                # attention reads the columns in use, rounded up to this
-                 cuda_graph:bool|None=None, seed:int=0):
+                 cuda_graph:bool|None=None, seed:int=0,
+                 prefill_every:int=0):          # 0: prefill a waiting row at once, the writing rows riding along;
+                                                #   k: the waiting rows together, on their own, at most every k decode steps
+        if prefill_every < 0: raise ValueError(f"prefill_every must be 0 or more, not {prefill_every}")
         super().__init__(model_path, temperature, top_p, max_new_tokens, device, dtype, end_token, model, tokenizer,
                          rows, max_context, prefill_tokens, bucket, cuda_graph, seed, grouped_attention=True)
         self.seed, self.decode_steps, self.prefill_passes, self.plays = seed, 0, 0, 0
+        self.prefill_every, self.since_prefill = prefill_every, 0
 
 # %% ../nbs/03b_generate.ipynb #8b4c6d67
 @patch
@@ -687,7 +694,7 @@ def _pick(self:ContinuousDecoder, logits, rows:list[int]) -> tuple[list[int], li
 @patch
 def _prefill_waiting(self:ContinuousDecoder):
     """Prefill the new ids of every waiting row's episode (its history is in the row already) and take each row's
-    first token; the rows writing a reply take their next token in the same pass."""
+    first token; with `prefill_every=0` the rows writing a reply take their next token in the same pass."""
     import torch
     rows, chunks, starts = [], [], []
     for r in self.waiting:
@@ -702,10 +709,11 @@ def _prefill_waiting(self:ContinuousDecoder):
         rows.append(r), chunks.append(c[s:]), starts.append(s)
         self.held[r], self.written[r] = c, len(c)
     self.waiting.clear()
+    self.since_prefill = 0
     if not rows: return
     self.prefilled += sum(map(len, chunks))
     self.reused += sum(starts)
-    writing = sorted(self.pending)  # each writes its last token at its next column
+    writing = sorted(self.pending) if self.prefill_every == 0 else []  # each writes its last token at its next column
     t0 = time.time()
     try:
         with torch.inference_mode():
@@ -743,10 +751,16 @@ def _decode(self:ContinuousDecoder):
     except Exception as err: return self._fail_rows(err)
     finally: self.gen_seconds += time.time() - t0
     self.decode_steps += 1
+    self.since_prefill += 1
     for r in rows: self.written[r] += 1
     for r, t, l in zip(rows, toks, lps): self._take(r, t, l)
 
 # %% ../nbs/03b_generate.ipynb #63832556
+@patch
+def _prefill_due(self:ContinuousDecoder) -> bool:
+    "Whether the waiting rows are prefilled now: at once, when no row is writing, or `prefill_every` steps after the last pass."
+    return self.prefill_every == 0 or not self.pending or self.since_prefill >= self.prefill_every
+
 @patch
 def play(self:ContinuousDecoder, episodes):
     """Play every episode of `episodes` (taken as rows free up) to its end; yield each as it ends. An episode has
@@ -757,7 +771,7 @@ def play(self:ContinuousDecoder, episodes):
         self._admit()
         yield from self.ended
         self.ended.clear()
-        if self.waiting: self._prefill_waiting()
+        if self.waiting and self._prefill_due(): self._prefill_waiting()
         elif self.pending: self._decode()
         elif self.queue is None and all(e is None for e in self.episode): break
 
