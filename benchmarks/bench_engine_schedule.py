@@ -63,15 +63,17 @@ def scripted(cls):
     return Scripted
 
 
-def play_lockstep(dec, episodes, max_context):
-    """The lockstep runner: every live episode's turn in one call, which runs to the longest recorded reply of the
-    call (the batch waits for its slowest reply); each reply cut at its own length after the call."""
-    live = [e for e in episodes if not e.done]
-    while live:
+def play_lockstep(dec, episodes, rows, max_context):
+    """The lockstep runner (`run_lockstep`): up to `rows` live episodes, every one's turn in one call, which runs to the
+    longest recorded reply of the call (the batch waits for its slowest reply; each reply is cut at its own length
+    after the call); an episode that ends gives its place to the next one before the next call."""
+    queue, live = list(episodes)[::-1], []
+    while queue or live:
+        while queue and len(live) < rows: live.append(queue.pop())
         for e in live:
             if len(e.context()) + e.reply_length() > max_context: e.fail('context', 'overflow')
         live = [e for e in live if not e.done]
-        if not live: break
+        if not live: continue
         dec.max_new_tokens = max(e.reply_length() for e in live)
         outs = dec([e.context() for e in live])
         for e, o in zip(live, outs): e.feed(o[:e.reply_length() - 1] + [dec.end_id], None)
@@ -150,8 +152,7 @@ def main():
                 if cuda: dec._capture(min(w, dec.L))
             def lock():
                 eps = episodes()
-                for i in range(0, len(eps), a.rows):  # the runner's batches of eval_batch episodes
-                    play_lockstep(dec, eps[i:i + a.rows], a.max_context)
+                play_lockstep(dec, eps, a.rows, a.max_context)
                 return eps
             timed('slot lockstep', lock, dec)
             dec.release(); del dec
