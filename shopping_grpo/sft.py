@@ -256,10 +256,13 @@ class SFTConfig:
     loss_chunk:int = 2048                # labelled positions per LM-head chunk
     gradient_checkpointing:bool = False  # trade compute for activation memory
     base_dtype:str = 'float32'           # the frozen base weights (bf16 autocast on a GPU either way); 'bfloat16': LoRA's stay float32
+    lora_dtype:str = 'float32'           # LoRA's weights: 'float32', or 'base' (the base weights' dtype: no casts around each adapter)
     seed:int = 0
     def __post_init__(self):
         if self.base_dtype not in ('float32', 'bfloat16'):
             raise ValueError(f"base_dtype must be 'float32' or 'bfloat16', not {self.base_dtype!r}")
+        if self.lora_dtype not in ('float32', 'base'):
+            raise ValueError(f"lora_dtype must be 'float32' or 'base', not {self.lora_dtype!r}")
         if self.pack_tokens and self.batch_size != 1:
             raise ValueError(f"a packed micro-batch is one row of up to {self.pack_tokens} tokens: "
                              f"batch_size must be 1, not {self.batch_size}")
@@ -430,7 +433,8 @@ def train_sft(model_path, train_rows, val_rows, out_dir, cfg:SFTConfig|dict|None
     attention = dict(attn_implementation=register_conversation_attention()) if cfg.pack_tokens else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.base_dtype), **attention)
     model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                             target_modules=cfg.target_modules, task_type='CAUSAL_LM'))
+                                             target_modules=cfg.target_modules, task_type='CAUSAL_LM'),
+                           autocast_adapter_dtype=cfg.lora_dtype == 'float32')  # 'base': the adapters in the base's dtype
     loss_fn = ActionLoss(model.get_output_embeddings(), cfg.loss_chunk)
     args = _trainer_args(cfg, out_dir, cuda, progress)
     rows, collator = train, PadCollator(pad_id)
