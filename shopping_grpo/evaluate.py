@@ -96,6 +96,7 @@ class PolicySpec:
     max_retries: int = 5                # openai/vllm: retries with backoff per request
     seed: int = 0                       # random shopper
     decoder: str|None = None            # transformers: continuous, slot, static or generate; None: `local_decoder`
+    prefill_every: int = 0              # continuous: rows whose reply ended are prefilled together every k decode steps (0: at once)
     policy: object = None               # custom: a ready policy object
     def __post_init__(self):
         if self.decoder not in (None, *DECODERS):
@@ -145,6 +146,7 @@ def local_policy(spec:PolicySpec, lang:str='en', device:str|None=None, rows:int=
     decoder = getattr(generate, dict(generate='TransformersPolicy', static='StaticDecoder', slot='SlotDecoder',
                                      continuous='ContinuousDecoder')[name])
     kw = dict(rows=rows, max_context=spec.max_context) if name in ('slot', 'continuous') else {}
+    if name == 'continuous': kw['prefill_every'] = spec.prefill_every
     pol = decoder(materialize_model(spec.path), temperature=0.0, max_new_tokens=spec.max_new_tokens, device=device, **kw)
     pol.name = spec.name
     return pol, dict(renderer=ChatRenderer(pol.tok, None, lang), max_new_tokens=spec.max_new_tokens, max_context=spec.max_context)

@@ -74,6 +74,9 @@ class GRPORecipe:
     # (ContinuousDecoder: plays whole episodes on its rows, a turn starting as soon as its tool answer is in);
     # CUDA graphs on GPU
     decoder:str = 'generate'
+    # continuous decoder: the rows whose reply ended prefilled together every k decode steps (0: each at once, the
+    # writing rows riding along in its pass)
+    prefill_every:int = 0
     # static decoder: lockstep batches padded to a multiple of this (fewer graph shapes)
     batch_multiple:int = 16
     gradient_checkpointing:bool = False
@@ -199,7 +202,8 @@ def make_policy(model, tokenizer, recipe:GRPORecipe):
     kw = dict(model=model, tokenizer=tokenizer, temperature=recipe.temperature, top_p=recipe.top_p,
               max_new_tokens=recipe.max_new_tokens, device=dev)
     if recipe.decoder == 'continuous':
-        return ContinuousDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context, **kw)
+        return ContinuousDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context,
+                                 prefill_every=recipe.prefill_every, **kw)
     if recipe.decoder == 'slot':
         return SlotDecoder(seed=recipe.seed, rows=recipe.lockstep_batch, max_context=recipe.max_context, **kw)
     if recipe.decoder == 'static': return PaddedBatch(StaticDecoder(seed=recipe.seed, **kw), recipe.batch_multiple)
@@ -667,7 +671,7 @@ def drop_none_reward_warning(record) -> bool:
 
 # %% ../nbs/06_grpo.ipynb #3be5ec47
 # a resumed run may change these
-UNPINNED = ('max_steps', 'n_val', 'val_every', 'save_every', 'decoder', 'merged_decode', 'batch_multiple', 'lockstep_batch',
+UNPINNED = ('max_steps', 'n_val', 'val_every', 'save_every', 'decoder', 'prefill_every', 'merged_decode', 'batch_multiple', 'lockstep_batch',
             'gradient_checkpointing', 'pack_episodes', 'release_cache')
 
 def train_grpo(model_path, shop, out_dir, recipe:GRPORecipe|dict|None=None, lang:str='en', policy_factory=make_policy,
