@@ -36,8 +36,8 @@ def episode_shapes(paths, tokenizer) -> list:
 
 class Replay:
     "A recorded episode's shape played again: random ids for its prompt and answers, its replies' recorded lengths."
-    def __init__(self, i:int, prompt:int, turns:list, vocab:int, end_id:int):
-        self.rng, self.vocab, self.end_id, self.turns, self.seed = random.Random(i), vocab, end_id, turns, i
+    def __init__(self, i:int, prompt:int, turns:list, vocab:int):
+        self.rng, self.vocab, self.turns, self.seed = random.Random(i), vocab, turns, i
         self.ids, self.t, self.failure = self._ids(prompt), 0, None
     def _ids(self, n): return [self.rng.randrange(2, self.vocab) for _ in range(n)]
     @property
@@ -66,7 +66,7 @@ def scripted(cls):
 def play_lockstep(dec, episodes, rows, max_context):
     """The lockstep runner (`run_lockstep`): up to `rows` live episodes, every one's turn in one call, which runs to the
     longest recorded reply of the call (the batch waits for its slowest reply; each reply is cut at its own length
-    after the call); an episode that ends gives its place to the next one before the next call."""
+    after the call); an episode that ends gives its place to the next one before the next call. Returns `episodes`."""
     queue, live = list(episodes)[::-1], []
     while queue or live:
         while queue and len(live) < rows: live.append(queue.pop())
@@ -78,6 +78,7 @@ def play_lockstep(dec, episodes, rows, max_context):
         outs = dec([e.context() for e in live])
         for e, o in zip(live, outs): e.feed(o[:e.reply_length() - 1] + [dec.end_id], None)
         live = [e for e in live if not e.done]
+    return episodes
 
 
 def main():
@@ -104,7 +105,8 @@ def main():
     if a.cmd == 'shapes':
         from transformers import AutoTokenizer
         shapes = episode_shapes(a.trajectories, AutoTokenizer.from_pretrained(a.tokenizer))
-        json.dump(dict(sources=a.trajectories, episodes=shapes), open(a.out, 'w'))
+        from shopping_grpo.records import write_atomic
+        write_atomic(a.out, json.dumps(dict(sources=a.trajectories, episodes=shapes)))
         print(len(shapes), 'episodes;', sum(t[0] for e in shapes for t in e[1]), 'reply ids')
         return
     import torch
@@ -123,9 +125,16 @@ def main():
     res = dict(device=torch.cuda.get_device_name() if cuda else 'cpu', model=a.model, layers=cfg.num_hidden_layers,
                rows=a.rows, episodes=len(shapes), scale=a.scale, versions=package_versions(('torch', 'transformers')),
                reply_ids=sum(t[0] for e in shapes for t in e[1]), runs={})
-    episodes = lambda: [Replay(i, p, turns, cfg.vocab_size, 1) for i, (p, turns) in enumerate(shapes)]
+    episodes = lambda: [Replay(i, p, turns, cfg.vocab_size) for i, (p, turns) in enumerate(shapes)]
     kw = dict(model=model, tokenizer=Tok(), max_new_tokens=a.max_new_tokens, device=a.device, rows=a.rows,
               max_context=a.max_context)
+
+    def ready(dec):
+        "`dec` with its cache allocated and, on CUDA, every width's graph captured before the clock starts."
+        dec._ensure()
+        if cuda:
+            for w in range(dec.bucket, a.max_context + dec.bucket, dec.bucket): dec._capture(min(w, dec.L))
+        return dec
 
     def timed(name, play, dec):
         sync(); t = time.perf_counter()
@@ -139,22 +148,12 @@ def main():
 
     with torch.inference_mode():
         for every in map(int, a.every.split(',')):
-            dec = scripted(G.ContinuousDecoder)(**kw, prefill_every=every)
-            dec._ensure()
-            for w in range(dec.bucket, a.max_context + dec.bucket, dec.bucket):
-                if cuda: dec._capture(min(w, dec.L))
+            dec = ready(scripted(G.ContinuousDecoder)(**kw, prefill_every=every))
             timed(f'continuous prefill_every={every}', lambda: list(dec.play(episodes())), dec)
             dec.release(); del dec
         if a.lockstep == 'yes':
-            dec = G.SlotDecoder(**kw)
-            dec._ensure()
-            for w in range(dec.bucket, a.max_context + dec.bucket, dec.bucket):  # every graph captured before the clock
-                if cuda: dec._capture(min(w, dec.L))
-            def lock():
-                eps = episodes()
-                play_lockstep(dec, eps, a.rows, a.max_context)
-                return eps
-            timed('slot lockstep', lock, dec)
+            dec = ready(G.SlotDecoder(**kw))
+            timed('slot lockstep', lambda: play_lockstep(dec, episodes(), a.rows, a.max_context), dec)
             dec.release(); del dec
     base = res['runs'].get('slot lockstep') or next(iter(res['runs'].values()))
     for r in res['runs'].values(): r['speedup'] = round(base['seconds'] / r['seconds'], 2)
