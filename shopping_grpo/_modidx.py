@@ -796,6 +796,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._price': ( 'policies.html#reasonwriter._price',
                                                                                         'shopping_grpo/policies.py'),
+                                        'shopping_grpo.policies.ReasonWriter._row_checks': ( 'policies.html#reasonwriter._row_checks',
+                                                                                             'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._row_lacks': ( 'policies.html#reasonwriter._row_lacks',
                                                                                             'shopping_grpo/policies.py'),
                                         'shopping_grpo.policies.ReasonWriter._shows': ( 'policies.html#reasonwriter._shows',

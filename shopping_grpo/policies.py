@@ -21,12 +21,13 @@ class ShopperPolicy:
     def __init__(self, shopper, as_tool_calls:bool=True,
                  reasons:bool=False,  # write `ReasonWriter`'s line before each call (the expert only, in English)
                  grounded:bool=True,  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
-                 verdict_last:bool=True):  # their verdicts follow what they compare: price and budget, features asked and listed (`ReasonWriter`)
+                 verdict_last:bool=True,  # their verdicts follow what they compare: price and budget, features asked and listed (`ReasonWriter`)
+                 decision_last:bool=False):  # a line on a product or a row names what it checks before the action it decides (`ReasonWriter`)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
         self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
-        self.lines = dict(grounded=grounded, verdict_last=verdict_last)  # the form of the lines, as `ReasonWriter` takes it
+        self.lines = dict(grounded=grounded, verdict_last=verdict_last, decision_last=decision_last)  # the form of the lines, as `ReasonWriter` takes it
         self.writer = ReasonWriter(shopper, **self.lines) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
@@ -45,10 +46,10 @@ class ShopperPolicy:
         return dict(role='assistant', content=said, tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
-def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True, verdict_last:bool=True) -> ShopperPolicy:
+def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True, verdict_last:bool=True, decision_last:bool=False) -> ShopperPolicy:
     """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
-    `reasons`, a line before each call says what it checks (`grounded`, `verdict_last`: as `ReasonWriter`)."""
-    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded, verdict_last=verdict_last)
+    `reasons`, a line before each call says what it checks (`grounded`, `verdict_last`, `decision_last`: as `ReasonWriter`)."""
+    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded, verdict_last=verdict_last, decision_last=decision_last)
 
 # %% ../nbs/03c_policies.ipynb #667a9a04
 REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
@@ -65,6 +66,9 @@ REASONS = dict(  # the reason line before each kind of action; {…} is filled f
     select="{first}Selecting {axis} {value} as requested{left}.",
     reject="{first}{asin} lacks what the request asks: {lacks}; back to the results.",
     buy="{first}{asin} meets every requirement: {shows}; buying.",
+    open_last="{past}{asin}: {fits}; opening it.",  # `decision_last`: the row's checks, then the action
+    reject_last="{first}{asin}: {lacks}; turning it down, back to the results.",  # `decision_last`
+    buy_last="{first}{asin}: {shows}; every requirement met, buying.",  # `decision_last`
     finish="Opened {n} product(s); none showed everything the request asks, so nothing is bought.",
     other="Going on.")
 PARTS = dict(  # the pieces of a line's lists
@@ -76,6 +80,7 @@ PARTS = dict(  # the pieces of a line's lists
     price_last="price {x} against {budget}: within", over_last="price {x} against {budget}: over",  # `verdict_last`
     pair="{said} = {x}", unlisted="none", all_listed="all listed", not_all_listed="not all listed",  # `verdict_last` on features
     options_first="{asin} options against the request: {pairs}. ",  # `verdict_last`: the first line on a product page begins so
+    passed_last="{asin}: {lacks}; passing over it. ",  # `decision_last`: a row passed over, its checks before the decision
     asked="{x} (asked as {said})",  # a feature or option value the request names in other words, where a page shows it
     unseen='"{said}"')  # the same before a page shows it, or where none does: the request's words only
 
@@ -96,8 +101,10 @@ class ReasonWriter:
     "Writes the expert's reason line for an action: what the page it acts on shows against the request."
     def __init__(self, shopper:ExpertShopper,  # its parse of the request: brand, model, features, ...
                  grounded:bool=True,  # name a feature or option value by the page's word only where a page shows it
-                 verdict_last:bool=True):  # a verdict follows what it compares: price and budget (within, over); each requested feature and the features page's word for it
-        self.s, self.grounded, self.verdict_last = shopper, grounded, verdict_last
+                 verdict_last:bool=True,  # a verdict follows what it compares: price and budget (within, over); each requested feature and the features page's word for it
+                 decision_last:bool=False):  # a line on a row or a product page says its checks, price first, before the action it decides
+        if decision_last and not verdict_last: raise ValueError('decision_last writes each verdict after what it compares: it needs verdict_last=True')
+        self.s, self.grounded, self.verdict_last, self.decision_last = shopper, grounded, verdict_last, decision_last
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
@@ -137,6 +144,7 @@ def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
     if row is None: return REASONS['other']
     self.opened.append(arg)
     past = self._passed_over(state, row)
+    if self.decision_last: return REASONS['open_last'].format(past=past, asin=arg, fits=self._row_checks(row, title=not past))  # a line naming a row passed over leaves the title out: a turn stays within 128 new tokens
     in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()]
     fits = _said(PARTS['category'].format(x=row['category']), s.brand and PARTS['brand'].format(x=row['brand']),
                  s.model and PARTS['model'].format(x=s.model),
@@ -157,11 +165,27 @@ def _row_lacks(self:ReasonWriter, row:dict) -> list[str]:
             if x]
 
 @patch
+def _row_checks(self:ReasonWriter, row:dict, passed:bool=False, title:bool=False) -> str:
+    """`decision_last`: a results row against the request, each check with its verdict, in one order for every row:
+    price, brand, model, category. A row `passed` over is told up to its first check that fails; with `title`, an
+    opened row adds the requested values its title shows."""
+    s = self.s
+    checks = [(self._price(row['price']), row['price'] is None or row['price'] <= self.budget) if self.budget is not None else None,
+              (PARTS['wrong_brand' if row['brand'] != s.brand else 'brand'].format(x=row['brand'], want=s.brand), row['brand'] == s.brand) if s.brand else None,
+              (PARTS['no_model' if s.model not in row['title'] else 'model'].format(x=s.model), s.model in row['title']) if s.model else None,
+              (PARTS['category'].format(x=row['category']), True)]  # last: a row is never passed over for it (`_row_lacks`)
+    checks = [c for c in checks if c]
+    if passed: checks = checks[:next((k + 1 for k, (_, ok) in enumerate(checks) if not ok), len(checks))]
+    in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()] if title else []
+    return _said(*[part for part, _ in checks], in_title and PARTS['title'].format(x=_said(*in_title)))
+
+@patch
 def _passed_over(self:ReasonWriter, state:dict, row:dict) -> str:
     "The top rows above `row` on this page, not opened before, that the line says it passes over, and what each lacks."
     above = state['results'][:state['results'].index(row)]
-    named = [(r['asin'], lacks) for r in above if r['asin'] not in self.opened and (lacks := self._row_lacks(r))]
-    return _said(*[PARTS['passed'].format(asin=a, lacks=_said(*l)) for a, l in named[:PASSED_NAMED]])
+    named = [(r, lacks) for r in above if r['asin'] not in self.opened and (lacks := self._row_lacks(r))][:PASSED_NAMED]
+    if self.decision_last: return ''.join(PARTS['passed_last'].format(asin=r['asin'], lacks=self._row_checks(r, passed=True)) for r, _ in named)
+    return _said(*[PARTS['passed'].format(asin=r['asin'], lacks=_said(*l)) for r, l in named])
 
 # %% ../nbs/03c_policies.ipynb #9033f978
 @patch
@@ -176,7 +200,7 @@ def _lacks(self:ReasonWriter, state:dict) -> list[str]:
         if miss := [x for x in s.feats if x.lower() not in text]: out.append(PARTS['no_feature'].format(x=_said(*map(self._unseen, miss))))
     chosen = all(o['selected'] == s.opts.get(o['name'], o['selected']) for o in state['options'])
     if chosen and self.budget is not None and (state['price'] is None or state['price'] > self.budget):
-        out.append(self._price(state['price']))  # the price of the requested variant only
+        out.insert(0 if self.decision_last else len(out), self._price(state['price']))  # the price of the requested variant only
     return [x for x in out if x]
 
 @patch
@@ -185,9 +209,9 @@ def _shows(self:ReasonWriter, state:dict, chosen:bool) -> str:
     s = self.s
     opts = (PARTS['selected'] if chosen else PARTS['options']).format(x=_said(*s.opts.values())) if s.opts else ''
     feats = PARTS['features'].format(x=_said(*s.feats)) if s.feats and state['asin'] in self.features else ''
-    return _said(PARTS['category'].format(x=state['category']), s.brand and PARTS['brand'].format(x=state['brand']),
-                 s.model and PARTS['model'].format(x=s.model), feats, opts,
-                 chosen and self.budget is not None and self._price(state['price']))
+    price = chosen and self.budget is not None and self._price(state['price'])
+    return _said(self.decision_last and price, PARTS['category'].format(x=state['category']), s.brand and PARTS['brand'].format(x=state['brand']),
+                 s.model and PARTS['model'].format(x=s.model), feats, opts, not self.decision_last and price)
 
 @patch
 def _options_first(self:ReasonWriter, state:dict) -> str:
@@ -207,10 +231,10 @@ def _on_product(self:ReasonWriter, state:dict, arg:str) -> str:
     axis = next((o for o in state['options'] if arg in o['values']), None)
     if axis is None and arg not in ('< prev', 'features', 'buy now'): return REASONS['other']
     first = self._options_first(state)
-    if arg == '< prev': return REASONS['reject'].format(first=first, asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
+    if arg == '< prev': return REASONS['reject_last' if self.decision_last else 'reject'].format(first=first, asin=asin, lacks=_said(*self._lacks(state)) or 'a requirement')
     if arg == 'features': return REASONS['read_features'].format(first=first, asin=asin, shows=self._shows(state, False),
                                                                 feats=_said(*map(self._unseen, s.feats)))
-    if arg == 'buy now': return REASONS['buy'].format(first=first, asin=asin, shows=self._shows(state, True))
+    if arg == 'buy now': return REASONS['buy_last' if self.decision_last else 'buy'].format(first=first, asin=asin, shows=self._shows(state, True))
     left = [v for k, v in s.opts.items() if k != axis['name']
             and next((o['selected'] for o in state['options'] if o['name'] == k), None) != v]
     return REASONS['select'].format(first=first, axis=axis['name'], value=self._asked(arg, axis['name']), left=PARTS['left'].format(x=_said(*left)) if left else '')
