@@ -101,6 +101,7 @@ class PolicySpec:
     def __post_init__(self):
         if self.decoder not in (None, *DECODERS):
             raise ValueError(f"unknown decoder {self.decoder!r}: one of {', '.join(DECODERS)}")
+        if self.prefill_every < 0: raise ValueError(f'prefill_every {self.prefill_every}: a number of decode steps, 0 or more')
     def public(self) -> dict:
         "The spec's fields, without the policy object."
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'policy'}

@@ -99,6 +99,7 @@ class GRPORecipe:
                              'the episodes of a packed row; turn one of them off')
         if self.release_cache and self.decoder not in ('slot', 'continuous'):
             raise ValueError(f"release_cache frees the rows of the slot or continuous decoder; decoder {self.decoder!r} holds none")
+        if self.prefill_every < 0: raise ValueError(f'prefill_every {self.prefill_every}: a number of decode steps, 0 or more')
         if self.save_every is not None and self.save_every < 1:
             raise ValueError(f'save_every {self.save_every}: a number of steps (1 or more), or None for validations only')
         if self.reward != 'v3' and self.credit != 'episode':
