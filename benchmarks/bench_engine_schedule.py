@@ -144,21 +144,20 @@ def main():
                  decode_steps=getattr(dec, 'decode_steps', None), prefill_passes=getattr(dec, 'prefill_passes', None))
         r['reply_ids_per_s'] = round(res['reply_ids'] / sec)
         res['runs'][name] = r
+        base = res['runs'].get('slot lockstep') or next(iter(res['runs'].values()))
+        for x in res['runs'].values(): x['speedup'] = round(base['seconds'] / x['seconds'], 2)
+        if a.out: write_atomic(a.out, json.dumps(res, indent=1))  # after each run: a command stopped at its limit keeps what it timed
         print(name, json.dumps(r), flush=True)
 
     with torch.inference_mode():
+        if a.lockstep == 'yes':  # the baseline first
+            dec = ready(G.SlotDecoder(**kw))
+            timed('slot lockstep', lambda: play_lockstep(dec, episodes(), a.rows, a.max_context), dec)
+            dec.release(); del dec
         for every in map(int, a.every.split(',')):
             dec = ready(scripted(G.ContinuousDecoder)(**kw, prefill_every=every))
             timed(f'continuous prefill_every={every}', lambda: list(dec.play(episodes())), dec)
             dec.release(); del dec
-        if a.lockstep == 'yes':
-            dec = ready(G.SlotDecoder(**kw))
-            timed('slot lockstep', lambda: play_lockstep(dec, episodes(), a.rows, a.max_context), dec)
-            dec.release(); del dec
-    base = res['runs'].get('slot lockstep') or next(iter(res['runs'].values()))
-    for r in res['runs'].values(): r['speedup'] = round(base['seconds'] / r['seconds'], 2)
-    if a.out: write_atomic(a.out, json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
-
 
 if __name__ == '__main__': main()
