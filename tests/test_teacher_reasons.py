@@ -1,6 +1,7 @@
-"""The expert's reason lines (03c_policies, 04_collect's teacher_reasons) over every task of every split: grounded in
-the request and the pages shown, the same steps and outcome as without them, one call per turn that the runner parses,
-and turns that fit the generation limit of the GPU profiles."""
+"""The expert's reason lines (03c_policies, 04_collect's teacher_reasons) over every task of every split, in the default
+form and with each decision last (`decision_last`): grounded in the request and the pages shown, the same steps and
+outcome as without them, one call per turn that the runner parses, and turns that fit the generation limit of the GPU
+profiles."""
 from __future__ import annotations
 import pytest
 
@@ -10,10 +11,10 @@ from shopping_grpo.tools import parse_reply
 from _helpers import LANG, SIZES
 
 
-@pytest.fixture(scope='module')
-def pairs(shop):
-    "(without, with) the lines, the expert's record of every task of every split."
-    plain, said = ExpertPolicy(shop.catalog), ExpertPolicy(shop.catalog, reasons=True)
+@pytest.fixture(scope='module', params=['verdict_last', 'decision_last'])
+def pairs(shop, request):
+    "(without, with) the lines in one form, the expert's record of every task of every split."
+    plain, said = ExpertPolicy(shop.catalog), ExpertPolicy(shop.catalog, reasons=True, decision_last=request.param == 'decision_last')
     return [(run_message_episode(shop, t, plain, LANG), run_message_episode(shop, t, said, LANG))
             for s in SIZES for t in shop.tasks[s]]
 
@@ -52,3 +53,17 @@ def test_turn_tokens(pairs):
         tok = AutoTokenizer.from_pretrained(str(d))
         longest = max(len(tok.encode(generated_text(m), add_special_tokens=False)) for _, r in pairs for m in turns(r))
         assert longest < 128, (d.name, longest)
+
+
+def test_decisions_follow_their_checks(shop):
+    """With `decision_last`, every price verdict is true, a row opened and a purchase are within the budget, and a row
+    passed over is told up to the check it fails (its last part: a price over, another brand or no model)."""
+    import re
+    pol = ExpertPolicy(shop.catalog, reasons=True, decision_last=True)
+    lines = [m['content'].strip() for s in SIZES for t in shop.tasks[s] for m in turns(run_message_episode(shop, t, pol, LANG))]
+    verdicts = [(float(x), float(b), v) for l in lines for x, b, v in re.findall(r'price ([\d.]+) against ([\d.]+): (within|over)', l)]
+    assert verdicts and all((x <= b) == (v == 'within') for x, b, v in verdicts)
+    acted = [re.split(r'; passing over it\. ', l)[-1] for l in lines if reason_kind(l) in ('open_last', 'buy_last')]
+    assert acted and not any(': over' in l for l in acted)
+    passed = [m[1] for l in lines if reason_kind(l) == 'open_last' and (m := re.match(r'(.*?); passing over it\. ', l))]  # the line's first row
+    assert passed and all(re.search(r'(: over|instead of \S+|no model \S+ in the title)$', p) for p in passed), passed[:3]
