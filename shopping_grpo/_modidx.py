@@ -319,6 +319,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.trajectories_sha256': ( 'evaluate.html#trajectories_sha256',
                                                                                         'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.verdict_places': ( 'evaluate.html#verdict_places',
+                                                                                   'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.verify_benchmark': ( 'evaluate.html#verify_benchmark',
                                                                                      'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.write_comparison': ( 'evaluate.html#write_comparison',

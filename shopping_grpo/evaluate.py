@@ -23,8 +23,8 @@ from .episode import run_message_episode, play, play_many
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident',
-           'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
+           'TRAINED', 'TRAINING_LADDER', 'RESULT_ROW', 'PRICE_LAST', 'BenchmarkMismatch', 'verify_benchmark',
+           'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
            'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
            'set_aside_failed', 'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events',
            'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
@@ -32,7 +32,7 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder',
            'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
            'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'results_rows',
-           'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen']
+           'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -735,3 +735,21 @@ def target_seen(trajs:list[dict], targets:dict) -> dict:
         out['no_purchase'] += stopped
         out['no_purchase_opened_target'] += stopped and target in seen
     return out
+
+# %% ../nbs/07_evaluate.ipynb #ad38c122
+PRICE_LAST = re.compile(r'price ([\d.,]+) against ([\d.,]+): (within|over)')  # PARTS['price_last'], PARTS['over_last']
+
+def verdict_places(trajectories:list[dict]) -> Counter:
+    """Each price verdict (the `verdict_last` form) of the assistant lines of `trajectories`, by the decision its line
+    wrote before it (opening a row, passing one over, buying, turning one down), its word, and whether the two numbers
+    beside it agree with it."""
+    num, out = lambda s: float(s.replace(',', '').rstrip('.')), Counter()
+    for t in trajectories:
+        for text in (m.get('content') or '' for m in t['messages'] if m['role'] == 'assistant'):
+            for x in PRICE_LAST.finditer(text):
+                before = text[:x.start()]
+                place = ('passing over' if '; passing over ' in before else 'opening' if before.startswith('Opening ') else
+                         'buying' if 'meets every requirement' in before else 'turning down' if 'lacks what the request asks' in before else 'other')
+                out[place, x[3], (num(x[1]) <= num(x[2])) == (x[3] == 'within')] += 1
+    return out
+
