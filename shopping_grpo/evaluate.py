@@ -23,7 +23,7 @@ from .episode import run_message_episode, play, play_many
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'RESULT_ROW', 'PRICE_LAST', 'BenchmarkMismatch', 'verify_benchmark',
+           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark',
            'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
            'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
            'set_aside_failed', 'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events',
@@ -31,8 +31,9 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
            'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder',
            'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
-           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'results_rows',
-           'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places']
+           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'said_number',
+           'results_rows', 'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen',
+           'verdict_places']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -686,6 +687,13 @@ def compare_wordings(run_dir, model:str, benchmark:str='freeform', seed:int=0, n
     "Model `model` on benchmark `base` against itself on `benchmark` (free-form or human), task by task."
     return write_comparison(run_dir, eval_folder(model, base), eval_folder(model, benchmark), seed, n_resamples, across=True)
 
+# %% ../nbs/07_evaluate.ipynb #92447b2e
+VERDICT_LAST = re.compile(r'price ([\d.,]+) against ([\d.,]+): (within|over)')  # PARTS['price_last'], PARTS['over_last']
+
+def said_number(s:str) -> float:
+    "A number as a line writes it ('1,200', '99.' at a sentence's end)."
+    return float(s.replace(',', '').rstrip('.'))
+
 # %% ../nbs/07_evaluate.ipynb #9db0ff13
 RESULT_ROW = re.compile(r'^\d+\|(\w+)\|([\d.]+)\|', re.M)  # a results row: rank|asin|price|...
 
@@ -737,19 +745,17 @@ def target_seen(trajs:list[dict], targets:dict) -> dict:
     return out
 
 # %% ../nbs/07_evaluate.ipynb #ad38c122
-PRICE_LAST = re.compile(r'price ([\d.,]+) against ([\d.,]+): (within|over)')  # PARTS['price_last'], PARTS['over_last']
-
 def verdict_places(trajectories:list[dict]) -> Counter:
     """Each price verdict (the `verdict_last` form) of the assistant lines of `trajectories`, by the decision its line
     wrote before it (opening a row, passing one over, buying, turning one down), its word, and whether the two numbers
     beside it agree with it."""
-    num, out = lambda s: float(s.replace(',', '').rstrip('.')), Counter()
+    out = Counter()
     for t in trajectories:
         for text in (m.get('content') or '' for m in t['messages'] if m['role'] == 'assistant'):
-            for x in PRICE_LAST.finditer(text):
+            for x in VERDICT_LAST.finditer(text):
                 before = text[:x.start()]
                 place = ('passing over' if '; passing over ' in before else 'opening' if before.startswith('Opening ') else
                          'buying' if 'meets every requirement' in before else 'turning down' if 'lacks what the request asks' in before else 'other')
-                out[place, x[3], (num(x[1]) <= num(x[2])) == (x[3] == 'within')] += 1
+                out[place, x[3], (said_number(x[1]) <= said_number(x[2])) == (x[3] == 'within')] += 1
     return out
 

@@ -145,7 +145,7 @@ def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
     self.opened.append(arg)
     past = self._passed_over(state, row)
     if self.decision_last: return REASONS['open_last'].format(past=past, asin=arg, fits=self._row_checks(row, title=not past))  # a line naming a row passed over leaves the title out: a turn stays within 128 new tokens
-    in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()]
+    in_title = self._in_title(row)
     fits = _said(PARTS['category'].format(x=row['category']), s.brand and PARTS['brand'].format(x=row['brand']),
                  s.model and PARTS['model'].format(x=s.model),
                  self.budget is not None and self._price(row['price']),
@@ -156,27 +156,35 @@ def _on_results(self:ReasonWriter, state:dict, arg:str) -> str:
 PASSED_NAMED = 1  # rows above the opened one a line names, from the top: a turn stays within 128 new tokens (Qwen: at most 113)
 
 @patch
+def _row_verdicts(self:ReasonWriter, row:dict) -> dict:
+    """Each check of a results row against the request, by name, as (the line's part for it, whether the row passes it):
+    price, brand and model where the request names them, then category (a row is never passed over for it)."""
+    s, out = self.s, {}
+    if self.budget is not None: out['price'] = (self._price(row['price']), row['price'] is None or row['price'] <= self.budget)
+    if s.brand: out['brand'] = (PARTS['brand' if row['brand'] == s.brand else 'wrong_brand'].format(x=row['brand'], want=s.brand), row['brand'] == s.brand)
+    if s.model: out['model'] = (PARTS['model' if s.model in row['title'] else 'no_model'].format(x=s.model), s.model in row['title'])
+    out['category'] = (PARTS['category'].format(x=row['category']), True)
+    return out
+
+@patch
+def _in_title(self:ReasonWriter, row:dict) -> list[str]:
+    "The requested features and option values a results row's title shows."
+    return [x for x in [*self.s.feats, *self.s.opts.values()] if x.lower() in row['title'].lower()]
+
+@patch
 def _row_lacks(self:ReasonWriter, row:dict) -> list[str]:
     "What a results row shows against the request: another brand, no model in the title, a price over the budget."
-    s = self.s
-    return [x for x in [PARTS['wrong_brand'].format(x=row['brand'], want=s.brand) if s.brand and row['brand'] != s.brand else '',
-                        PARTS['no_model'].format(x=s.model) if s.model and s.model not in row['title'] else '',
-                        self._price(row['price']) if self.budget is not None and row['price'] is not None and row['price'] > self.budget else '']
-            if x]
+    v = self._row_verdicts(row)
+    return [v[k][0] for k in ('brand', 'model', 'price') if k in v and not v[k][1]]
 
 @patch
 def _row_checks(self:ReasonWriter, row:dict, passed:bool=False, title:bool=False) -> str:
     """`decision_last`: a results row against the request, each check with its verdict, in one order for every row:
     price, brand, model, category. A row `passed` over is told up to its first check that fails; with `title`, an
     opened row adds the requested values its title shows."""
-    s = self.s
-    checks = [(self._price(row['price']), row['price'] is None or row['price'] <= self.budget) if self.budget is not None else None,
-              (PARTS['wrong_brand' if row['brand'] != s.brand else 'brand'].format(x=row['brand'], want=s.brand), row['brand'] == s.brand) if s.brand else None,
-              (PARTS['no_model' if s.model not in row['title'] else 'model'].format(x=s.model), s.model in row['title']) if s.model else None,
-              (PARTS['category'].format(x=row['category']), True)]  # last: a row is never passed over for it (`_row_lacks`)
-    checks = [c for c in checks if c]
+    checks = list(self._row_verdicts(row).values())
     if passed: checks = checks[:next((k + 1 for k, (_, ok) in enumerate(checks) if not ok), len(checks))]
-    in_title = [x for x in [*s.feats, *s.opts.values()] if x.lower() in row['title'].lower()] if title else []
+    in_title = self._in_title(row) if title else []
     return _said(*[part for part, _ in checks], in_title and PARTS['title'].format(x=_said(*in_title)))
 
 @patch

@@ -11,12 +11,18 @@ from shopping_grpo.tools import parse_reply
 from _helpers import LANG, SIZES
 
 
+@pytest.fixture(scope='module')
+def plain(shop):
+    "The expert's record without lines, of every task of every split."
+    pol = ExpertPolicy(shop.catalog)
+    return [run_message_episode(shop, t, pol, LANG) for s in SIZES for t in shop.tasks[s]]
+
+
 @pytest.fixture(scope='module', params=['verdict_last', 'decision_last'])
-def pairs(shop, request):
+def pairs(shop, plain, request):
     "(without, with) the lines in one form, the expert's record of every task of every split."
-    plain, said = ExpertPolicy(shop.catalog), ExpertPolicy(shop.catalog, reasons=True, decision_last=request.param == 'decision_last')
-    return [(run_message_episode(shop, t, plain, LANG), run_message_episode(shop, t, said, LANG))
-            for s in SIZES for t in shop.tasks[s]]
+    said = ExpertPolicy(shop.catalog, reasons=True, decision_last=request.param == 'decision_last')
+    return list(zip(plain, [run_message_episode(shop, t, said, LANG) for s in SIZES for t in shop.tasks[s]]))
 
 
 def turns(rec) -> list[dict]: return [m for m in rec['messages'] if m['role'] == 'assistant']
@@ -55,12 +61,12 @@ def test_turn_tokens(pairs):
         assert longest < 128, (d.name, longest)
 
 
-def test_decisions_follow_their_checks(shop):
+@pytest.mark.parametrize('pairs', ['decision_last'], indirect=True)
+def test_decisions_follow_their_checks(pairs):
     """With `decision_last`, every price verdict is true, a row opened and a purchase are within the budget, and a row
     passed over is told up to the check it fails (its last part: a price over, another brand or no model)."""
     import re
-    pol = ExpertPolicy(shop.catalog, reasons=True, decision_last=True)
-    lines = [m['content'].strip() for s in SIZES for t in shop.tasks[s] for m in turns(run_message_episode(shop, t, pol, LANG))]
+    lines = [m['content'].strip() for _, r in pairs for m in turns(r)]
     verdicts = [(float(x), float(b), v) for l in lines for x, b, v in re.findall(r'price ([\d.]+) against ([\d.]+): (within|over)', l)]
     assert verdicts and all((x <= b) == (v == 'within') for x, b, v in verdicts)
     acted = [re.split(r'; passing over it\. ', l)[-1] for l in lines if reason_kind(l) in ('open_last', 'buy_last')]
