@@ -23,17 +23,17 @@ from .episode import run_message_episode, play, play_many
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'BenchmarkMismatch', 'verify_benchmark',
-           'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
-           'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
-           'set_aside_failed', 'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events',
-           'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
-           'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
-           'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder',
-           'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
-           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'said_number',
-           'results_rows', 'opened_asins', 'first_look', 'listed_price', 'budget_habit', 'target_seen',
-           'verdict_places']
+           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'DECISION_AFTER', 'DECIDED', 'BenchmarkMismatch',
+           'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec',
+           'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down',
+           'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'check_no_retries',
+           'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls',
+           'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata',
+           'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary',
+           'evaluate', 'eval_folder', 'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci',
+           'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison',
+           'compare_wordings', 'said_number', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
+           'budget_habit', 'target_seen', 'verdict_places']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -745,17 +745,21 @@ def target_seen(trajs:list[dict], targets:dict) -> dict:
     return out
 
 # %% ../nbs/07_evaluate.ipynb #ad38c122
+DECISION_AFTER = re.compile(r'; (opening it|passing over it|turning it down|every requirement met, buying)')  # REASONS/PARTS '*_last' of `decision_last`
+DECIDED = {'opening it': 'opening', 'passing over it': 'passing over', 'turning it down': 'turning down', 'every requirement met, buying': 'buying'}
+
 def verdict_places(trajectories:list[dict]) -> Counter:
     """Each price verdict (the `verdict_last` form) of the assistant lines of `trajectories`, by the decision its line
-    wrote before it (opening a row, passing one over, buying, turning one down), its word, and whether the two numbers
-    beside it agree with it."""
+    pairs it with (opening a row, passing one over, buying, turning one down): the one written before it, or in a
+    `decision_last` line the first written after it; its word, and whether the two numbers beside it agree with it."""
     out = Counter()
     for t in trajectories:
         for text in (m.get('content') or '' for m in t['messages'] if m['role'] == 'assistant'):
+            decides_last = DECISION_AFTER.search(text) is not None
             for x in VERDICT_LAST.finditer(text):
-                before = text[:x.start()]
-                place = ('passing over' if '; passing over ' in before else 'opening' if before.startswith('Opening ') else
+                before, after = text[:x.start()], DECISION_AFTER.search(text, x.end())
+                place = ((DECIDED[after[1]] if after else 'other') if decides_last else
+                         'passing over' if '; passing over ' in before else 'opening' if before.startswith('Opening ') else
                          'buying' if 'meets every requirement' in before else 'turning down' if 'lacks what the request asks' in before else 'other')
                 out[place, x[3], (said_number(x[1]) <= said_number(x[2])) == (x[3] == 'within')] += 1
     return out
-
