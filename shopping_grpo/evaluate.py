@@ -23,17 +23,18 @@ from .episode import run_message_episode, play, play_many
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'DECISION_AFTER', 'DECIDED', 'BenchmarkMismatch',
-           'verify_benchmark', 'tasks_ident', 'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec',
-           'local_decoder', 'local_policy', 'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down',
-           'played_model', 'eval_settings', 'set_aside_failed', 'prepare_folder', 'check_no_retries',
-           'read_trajectories', 'check_events', 'check_outcome', 'check_counts', 'check_candidates', 'check_calls',
-           'check_repeats', 'check_truncation', 'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata',
-           'check_table', 'figures', 'tool_mix', 'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary',
-           'evaluate', 'eval_folder', 'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci',
-           'paired_binary', 'paired_reward', 'eval_outcomes', 'pairable', 'compare', 'write_comparison',
-           'compare_wordings', 'said_number', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
-           'budget_habit', 'target_seen', 'verdict_places']
+           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'DECISION_AFTER', 'DECIDED', 'OPTIONS_LINE',
+           'FEATURES_LINE', 'PAIR_START', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks',
+           'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy',
+           'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed',
+           'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts',
+           'check_candidates', 'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure',
+           'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
+           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_benchmarks',
+           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
+           'pairable', 'compare', 'write_comparison', 'compare_wordings', 'said_number', 'results_rows', 'opened_asins',
+           'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places', 'line_pairs',
+           'request_reading']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -763,3 +764,26 @@ def verdict_places(trajectories:list[dict]) -> Counter:
                          'buying' if 'meets every requirement' in before else 'turning down' if 'lacks what the request asks' in before else 'other')
                 out[place, x[3], (said_number(x[1]) <= said_number(x[2])) == (x[3] == 'within')] += 1
     return out
+
+# %% ../nbs/07_evaluate.ipynb #688fe00f
+OPTIONS_LINE = re.compile(r'options against the request: (.*?)\. (?=\S)')
+FEATURES_LINE = re.compile(r'Its features against the request: (.*?): (?:all listed|not all listed)')
+PAIR_START = re.compile(r', (?=(?:"[^"]*"|[^=,]|,(?! ))+ = )')  # a comma that begins the next "said = page" pair
+
+def line_pairs(said:str) -> list[str]:
+    "The 'request = page' pairs of an options or features line's list."
+    return [p for p in PAIR_START.split(said) if ' = ' in p]
+
+def request_reading(trajs:list[dict], facts:dict) -> dict:
+    """Episodes of `trajs` whose first options (features) line writes fewer pairs than their task's facts (by task id)
+    request, or more, and how many of each succeeded."""
+    out = Counter()
+    for t in trajs:
+        f, lines = facts[t['task_id']], [m.get('content') or '' for m in t['messages'] if m['role'] == 'assistant']
+        for kind, line, asked in (('options', OPTIONS_LINE, len(f['options'])), ('features', FEATURES_LINE, len(f['features']))):
+            if not (x := next((x for l in lines if (x := line.search(l))), None)): continue
+            named = len(line_pairs(x[1]))
+            out[kind] += 1
+            for k, hit in ((f'{kind}_fewer', named < asked), (f'{kind}_more', named > asked)):
+                out[k] += hit; out[f'{k}_success'] += hit and t['strict_success']
+    return dict(out)

@@ -36,7 +36,7 @@ DEFAULT_SIZES = dict(sft=1500, grpo_train=1000, grpo_val=100, eval=200)
 
 def prepare_shop(run_dir, n_products:int=20_000, seed:int=0, task_seed:int=1, lang:str='en', sizes:dict|None=None,
                  progress:bool=True,
-                 wording:str|None=None,  # 'template' | 'varied' | 'mixed' | 'wide' (wordings of `01_tasks`); None: the files present
+                 wording:str|None=None,  # 'template' | 'varied' | 'mixed' | 'wide' | 'folded' (wordings of `01_tasks`); None: the files present
                  ) -> Shop:
     """Build or reuse the catalog, index and tasks of `run_dir` as a `Shop`: the first `sizes[split]` tasks of each split
     (`sizes=None`: the task files present, whole). Task files are written only where missing, short or in another wording

@@ -12,14 +12,15 @@ from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
 __all__ = ['PHRASES', 'WORDINGS', 'KEEPS_TEMPLATE', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION',
-           'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'TaskFacts', 'Task', 'satisfies', 'word_request',
-           'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng', 'reword',
-           'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks', 'read_tasks',
-           'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform', 'human_requests',
-           'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh', 'human_words',
-           'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
+           'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'FOLD_SHARE', 'TaskFacts', 'Task', 'satisfies',
+           'word_request', 'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng',
+           'reword', 'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks',
+           'read_tasks', 'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform',
+           'human_requests', 'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh',
+           'human_words', 'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
            'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives', 'mixed_words', 'slot_words',
-           'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of', 'mixed_is_template']
+           'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of', 'mixed_is_template',
+           'options_before_name']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -116,8 +117,8 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
 
 # %% ../nbs/01_tasks.ipynb #d7cac943
-WORDINGS = ('template', 'varied', 'mixed', 'wide')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them
-KEEPS_TEMPLATE = ('mixed', 'wide')  # wordings that keep a share of the training tasks in the template
+WORDINGS = ('template', 'varied', 'mixed', 'wide', 'folded')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them, or those with option values inside the product's phrase
+KEEPS_TEMPLATE = ('mixed', 'wide', 'folded')  # wordings that keep a share of the training tasks in the template
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -204,6 +205,10 @@ def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) ->
     if brand and rng.random() < s['brand_first']:  # 'a loomera running shoe', '露梅拉跑鞋'
         item = brand + cat if lang == 'zh' else f"{_article(brand)} {brand} {cat}"
         brand = None
+    folded = [k for k in f.options if rng.random() < 0.5] or list(f.options)[:1] if s.get('p_fold') and lang == 'en' and rng.random() < s['p_fold'] else []
+    if folded:  # 'an orange 750 ml water bottle': option values inside the product's phrase, as people write them
+        words = ' '.join(disp(k, f.options[k]) for k in folded)
+        item = f"{_article(words)} {words} {item.split(' ', 1)[1]}"
     opener = pick(s['open'])
     if s['p_typo'] and rng.random() < s['p_typo']: opener = _typo(opener, rng)  # a typo in the filler words only
     filler = opener.format(item=item)
@@ -215,7 +220,7 @@ def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) ->
     plain = [p['features'][p['feature_keys'].index(k)] for k in f.features if k not in need]
     if plain: parts.append(pick(s['features']).format(x=s['and_'].join(plain)))
     shown = [disp(k, v) for k, v in f.options.items()]
-    parts += [pick(s['options']).format(x=x, axis=name[k]['name']) for k, x in zip(f.options, shown)]
+    parts += [pick(s['options']).format(x=x, axis=name[k]['name']) for k, x in zip(f.options, shown) if k not in folded]
     rng.shuffle(parts)
     if f.budget is not None:
         n, t = int(f.budget), int((f.target_price or 0) // 10 * 10)  # the bound; a round figure below it
@@ -346,7 +351,7 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
         if t and wording in KEEPS_TEMPLATE and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
-            t = reword_mixed(t, p, seed, wide=wording == 'wide')
+            t = reword_mixed(t, p, seed, wide=wording in ('wide', 'folded'), fold=wording == 'folded')
         if t:
             out[s].append(t)
             bar.update()
@@ -697,34 +702,46 @@ def mixed_problems(t:Task, p:dict, words:dict) -> list[str]:
     return request_problems(replace(t, instruction=x), mixed_words(f, p, words))
 
 # %% ../nbs/01_tasks.ipynb #8dfe24e3
-def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, words:dict) -> str:
+def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, words:dict, fold:float=0.0) -> str:
     "A request in `style` widened by the word tables `words`: other words for facts, more budgets, openings and context, noise."
     needs = {k: [*style['needs_table'].get(k, []), *alternatives(words, None, k)] for k in f.features}  # a feature said alone, in other words
     wide = dict(style, open=style['open'] + words['open'], budget=style['budget'] + words['budget'],
                 context=style['context'] + words['context'], p_context=max(style['p_context'], words['p_context']),
-                needs_table={**style['needs_table'], **needs}, needs=max(style['needs'], words['p_word_swap']))
+                needs_table={**style['needs_table'], **needs}, needs=max(style['needs'], words['p_word_swap']), p_fold=fold)
     text = word_varied(f, _swap_words(p, f, words, rng), lang, rng, wide)
     noisy = _noise(text, words, rng)
     return noisy if not mixed_problems(Task('', '', lang, noisy, f), p, words) else text  # noise never hides a fact
 
-def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False) -> Task:
+FOLD_SHARE = 0.5  # the `folded` wording: the share of its requests with option values inside the product's phrase
+
+def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False) -> Task:
     """Task `t` in a training style widened by the word tables of its language (a training style alone where none exist),
-    with `wide` the wide tables; its `wording` names the style and the tables ('+words', '+wide')."""
+    with `wide` the wide tables and with `fold` half of its requests' option values inside the product's phrase; its
+    `wording` names the style and the tables ('+words', '+wide', '+folded')."""
     words = wording_words(t.lang, wide=wide)
     if words is None: return reword(t, p, seed, 'train')
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
-    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words), wording=style['id'] + ('+wide' if wide else '+words'))
+    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE if fold else 0.0),
+                   wording=style['id'] + ('+folded' if fold else '+wide' if wide else '+words'))
 
 def wording_of(t:Task) -> str:
     "The wording (`WORDINGS`) task `t`'s request was written in, from its `wording` mark (a hand-written one counts as varied)."
     w = t.wording or ''
-    return 'template' if not w else 'mixed' if w.endswith('+words') else 'wide' if w.endswith('+wide') else 'varied'
+    return ('template' if not w else 'mixed' if w.endswith('+words') else 'wide' if w.endswith('+wide') else
+            'folded' if w.endswith('+folded') else 'varied')
 
 def words_of(t:Task) -> dict|None:
     "The word tables task `t`'s request was written with: the wide ones for the `wide` wording."
-    return wording_words(t.lang, wide=wording_of(t) == 'wide')
+    return wording_words(t.lang, wide=wording_of(t) in ('wide', 'folded'))
 
 def mixed_is_template(seed:int, task_id:str, lang:str, share:float) -> bool:
     "Whether a training task of the `mixed` wording keeps the template wording: a draw of its own stream, true with probability `share`."
     return random.Random(f'mixed:{seed}:{lang}:{task_id}').random() < share
+
+# %% ../nbs/01_tasks.ipynb #244a8d42
+def options_before_name(tasks:list[Task]) -> tuple[int, int]:
+    "Requested option values of `tasks` found in their requests beside the category's name, and those written before it."
+    pos = [(t.instruction.lower().find(v.lower()), t.instruction.lower().find(t.facts.category.replace('_', ' ')))
+           for t in tasks for v in t.facts.options.values()]
+    return sum(v >= 0 and c >= 0 for v, c in pos), sum(0 <= v < c for v, c in pos)
