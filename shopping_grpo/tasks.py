@@ -722,8 +722,11 @@ def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False) -> 
     if words is None: return reword(t, p, seed, 'train')
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
-    return replace(t, instruction=word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE if fold else 0.0),
-                   wording=style['id'] + ('+folded' if fold else '+wide' if wide else '+words'))
+    text = word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE if fold else 0.0)
+    for _ in range(8 if fold else 0):  # a folded wording draws again a request that hides a fact ('EF109,200 tops': no budget)
+        if not mixed_problems(replace(t, instruction=text), p, words): break
+        text = word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE)
+    return replace(t, instruction=text, wording=style['id'] + ('+folded' if fold else '+wide' if wide else '+words'))
 
 def wording_of(t:Task) -> str:
     "The wording (`WORDINGS`) task `t`'s request was written in, from its `wording` mark (a hand-written one counts as varied)."
