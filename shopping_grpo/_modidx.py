@@ -284,6 +284,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'shopping_grpo.evaluate.evaluate_model': ( 'evaluate.html#evaluate_model',
                                                                                    'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.figures': ('evaluate.html#figures', 'shopping_grpo/evaluate.py'),
+                                        'shopping_grpo.evaluate.first_line': ('evaluate.html#first_line', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.first_look': ('evaluate.html#first_look', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.hard_checks': ('evaluate.html#hard_checks', 'shopping_grpo/evaluate.py'),
                                         'shopping_grpo.evaluate.length_stratum': ( 'evaluate.html#length_stratum',

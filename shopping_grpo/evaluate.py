@@ -33,7 +33,7 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_benchmarks',
            'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
            'pairable', 'compare', 'write_comparison', 'compare_wordings', 'said_number', 'results_rows', 'opened_asins',
-           'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places', 'line_pairs',
+           'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places', 'line_pairs', 'first_line',
            'request_reading']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
@@ -774,14 +774,18 @@ def line_pairs(said:str) -> list[str]:
     "The 'request = page' pairs of an options or features line's list."
     return [p for p in PAIR_START.split(said) if ' = ' in p]
 
+def first_line(t:dict, line:re.Pattern) -> re.Match|None:
+    "The match of `line` in the first assistant line of trajectory `t` it matches."
+    return next((x for m in t['messages'] if m['role'] == 'assistant' and (x := line.search(m.get('content') or ''))), None)
+
 def request_reading(trajs:list[dict], facts:dict) -> dict:
     """Episodes of `trajs` whose first options (features) line writes fewer pairs than their task's facts (by task id)
     request, or more, and how many of each succeeded."""
     out = Counter()
     for t in trajs:
-        f, lines = facts[t['task_id']], [m.get('content') or '' for m in t['messages'] if m['role'] == 'assistant']
+        f = facts[t['task_id']]
         for kind, line, asked in (('options', OPTIONS_LINE, len(f['options'])), ('features', FEATURES_LINE, len(f['features']))):
-            if not (x := next((x for l in lines if (x := line.search(l))), None)): continue
+            if not (x := first_line(t, line)): continue
             named = len(line_pairs(x[1]))
             out[kind] += 1
             for k, hit in ((f'{kind}_fewer', named < asked), (f'{kind}_more', named > asked)):

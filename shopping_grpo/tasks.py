@@ -11,16 +11,16 @@ from .env import Catalog, LANGS, build_catalog, SearchIndex, variant_price, subc
 from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
-__all__ = ['PHRASES', 'WORDINGS', 'KEEPS_TEMPLATE', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE', 'TASKS_VERSION',
-           'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'FOLD_SHARE', 'TaskFacts', 'Task', 'satisfies',
-           'word_request', 'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied', 'wording_rng',
-           'reword', 'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks', 'write_tasks',
-           'read_tasks', 'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark', 'freeze_freeform',
-           'human_requests', 'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh', 'says_zh',
-           'human_words', 'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety', 'freeze_human',
-           'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives', 'mixed_words', 'slot_words',
-           'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of', 'mixed_is_template',
-           'options_before_name']
+__all__ = ['PHRASES', 'WORDINGS', 'KEEPS_TEMPLATE', 'WIDE_TABLES', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE',
+           'TASKS_VERSION', 'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'FOLD_SHARE', 'TaskFacts', 'Task',
+           'satisfies', 'word_request', 'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied',
+           'wording_rng', 'reword', 'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks',
+           'write_tasks', 'read_tasks', 'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark',
+           'freeze_freeform', 'human_requests', 'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh',
+           'says_zh', 'human_words', 'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety',
+           'freeze_human', 'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives',
+           'mixed_words', 'slot_words', 'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of',
+           'mixed_is_template', 'options_before_name']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -119,6 +119,7 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
 # %% ../nbs/01_tasks.ipynb #d7cac943
 WORDINGS = ('template', 'varied', 'mixed', 'wide', 'folded')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them, or those with option values inside the product's phrase
 KEEPS_TEMPLATE = ('mixed', 'wide', 'folded')  # wordings that keep a share of the training tasks in the template
+WIDE_TABLES = ('wide', 'folded')  # wordings written with the wide word tables
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -205,7 +206,9 @@ def word_varied(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict) ->
     if brand and rng.random() < s['brand_first']:  # 'a loomera running shoe', '露梅拉跑鞋'
         item = brand + cat if lang == 'zh' else f"{_article(brand)} {brand} {cat}"
         brand = None
-    folded = [k for k in f.options if rng.random() < 0.5] or list(f.options)[:1] if s.get('p_fold') and lang == 'en' and rng.random() < s['p_fold'] else []
+    folded = []
+    if s.get('p_fold') and lang == 'en' and rng.random() < s['p_fold']:
+        folded = [k for k in f.options if rng.random() < 0.5] or list(f.options)[:1]
     if folded:  # 'an orange 750 ml water bottle': option values inside the product's phrase, as people write them
         words = ' '.join(disp(k, f.options[k]) for k in folded)
         item = f"{_article(words)} {words} {item.split(' ', 1)[1]}"
@@ -351,7 +354,7 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
         if t and wording in KEEPS_TEMPLATE and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
-            t = reword_mixed(t, p, seed, wide=wording in ('wide', 'folded'), fold=wording == 'folded')
+            t = reword_mixed(t, p, seed, wide=wording in WIDE_TABLES, fold=wording == 'folded')
         if t:
             out[s].append(t)
             bar.update()
@@ -722,10 +725,11 @@ def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False) -> 
     if words is None: return reword(t, p, seed, 'train')
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
-    text = word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE if fold else 0.0)
+    share = FOLD_SHARE if fold else 0.0
+    text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
     for _ in range(8 if fold else 0):  # a folded wording draws again a request that hides a fact ('EF109,200 tops': no budget)
         if not mixed_problems(replace(t, instruction=text), p, words): break
-        text = word_mixed(t.facts, p, t.lang, rng, style, words, FOLD_SHARE)
+        text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
     return replace(t, instruction=text, wording=style['id'] + ('+folded' if fold else '+wide' if wide else '+words'))
 
 def wording_of(t:Task) -> str:
@@ -735,8 +739,8 @@ def wording_of(t:Task) -> str:
             'folded' if w.endswith('+folded') else 'varied')
 
 def words_of(t:Task) -> dict|None:
-    "The word tables task `t`'s request was written with: the wide ones for the `wide` wording."
-    return wording_words(t.lang, wide=wording_of(t) in ('wide', 'folded'))
+    "The word tables task `t`'s request was written with: the wide ones for the `WIDE_TABLES` wordings."
+    return wording_words(t.lang, wide=wording_of(t) in WIDE_TABLES)
 
 def mixed_is_template(seed:int, task_id:str, lang:str, share:float) -> bool:
     "Whether a training task of the `mixed` wording keeps the template wording: a draw of its own stream, true with probability `share`."
