@@ -1094,6 +1094,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'shopping_grpo.sft.sft_config': ('sft.html#sft_config', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.sft_example': ('sft.html#sft_example', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.sft_summary': ('sft.html#sft_summary', 'shopping_grpo/sft.py'),
+                                   'shopping_grpo.sft.teacher_lines': ('sft.html#teacher_lines', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.tiny_model': ('sft.html#tiny_model', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.train_sft': ('sft.html#train_sft', 'shopping_grpo/sft.py'),
                                    'shopping_grpo.sft.turn_agreement': ('sft.html#turn_agreement', 'shopping_grpo/sft.py'),
