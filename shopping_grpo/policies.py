@@ -22,12 +22,13 @@ class ShopperPolicy:
                  reasons:bool=False,  # write `ReasonWriter`'s line before each call (the expert only, in English)
                  grounded:bool=True,  # the lines name a value by the page's word only where a page shows it (`ReasonWriter`)
                  verdict_last:bool=True,  # their verdicts follow what they compare: price and budget, features asked and listed (`ReasonWriter`)
-                 decision_last:bool=False):  # a line on a product or a row names what it checks before the action it decides (`ReasonWriter`)
+                 decision_last:bool=False,  # a line on a product or a row names what it checks before the action it decides (`ReasonWriter`)
+                 all_passed:bool=False):  # a line opening a row names every row above it that it passes over (`ReasonWriter`)
         if reasons and not as_tool_calls: raise ValueError('reason lines go with tool calls: as_tool_calls=False')
         if reasons and not isinstance(shopper, ExpertShopper):
             raise ValueError(f'the {shopper.name} shopper writes no reason lines: only the expert parses the request')
         self.shopper, self.name, self.as_tool_calls, self.reasons = shopper, shopper.name, as_tool_calls, reasons
-        self.lines = dict(grounded=grounded, verdict_last=verdict_last, decision_last=decision_last)  # the form of the lines, as `ReasonWriter` takes it
+        self.lines = dict(grounded=grounded, verdict_last=verdict_last, decision_last=decision_last, all_passed=all_passed)  # the form of the lines, as `ReasonWriter` takes it
         self.writer = ReasonWriter(shopper, **self.lines) if reasons else None
     def reset(self, task:Task):
         self.shopper.reset(task)
@@ -46,10 +47,13 @@ class ShopperPolicy:
         return dict(role='assistant', content=said, tool_calls=[dict(id=f'call_{self.n}', type='function',
                     function=dict(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)))])
 
-def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True, verdict_last:bool=True, decision_last:bool=False) -> ShopperPolicy:
+def ExpertPolicy(catalog, reasons:bool=False, grounded:bool=True, verdict_last:bool=True, decision_last:bool=False,
+                 all_passed:bool=False) -> ShopperPolicy:
     """The expert shopper (its choices follow from the request and the pages) as a policy: the offline teacher; with
-    `reasons`, a line before each call says what it checks (`grounded`, `verdict_last`, `decision_last`: as `ReasonWriter`)."""
-    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded, verdict_last=verdict_last, decision_last=decision_last)
+    `reasons`, a line before each call says what it checks (`grounded`, `verdict_last`, `decision_last`, `all_passed`:
+    as `ReasonWriter`)."""
+    return ShopperPolicy(ExpertShopper(catalog), reasons=reasons, grounded=grounded, verdict_last=verdict_last,
+                         decision_last=decision_last, all_passed=all_passed)
 
 # %% ../nbs/03c_policies.ipynb #667a9a04
 REASONS = dict(  # the reason line before each kind of action; {…} is filled from the request and the page
@@ -102,9 +106,11 @@ class ReasonWriter:
     def __init__(self, shopper:ExpertShopper,  # its parse of the request: brand, model, features, ...
                  grounded:bool=True,  # name a feature or option value by the page's word only where a page shows it
                  verdict_last:bool=True,  # a verdict follows what it compares: price and budget (within, over); each requested feature and the features page's word for it
-                 decision_last:bool=False):  # a line on a row or a product page says its checks, price first, before the action it decides
+                 decision_last:bool=False,  # a line on a row or a product page says its checks, price first, before the action it decides
+                 all_passed:bool=False):  # a line opening a row names every row above it that it passes over, not the first PASSED_NAMED
         if decision_last and not verdict_last: raise ValueError('decision_last writes each verdict after what it compares: it needs verdict_last=True')
-        self.s, self.grounded, self.verdict_last, self.decision_last = shopper, grounded, verdict_last, decision_last
+        if all_passed and not decision_last: raise ValueError('all_passed names the rows passed over in the decision_last form: it needs decision_last=True')
+        self.s, self.grounded, self.verdict_last, self.decision_last, self.all_passed = shopper, grounded, verdict_last, decision_last, all_passed
     def reset(self, task:Task):
         self.budget = self.s.f.budget  # named in the request, as the brand, model, features and options are
         self.searches, self.opened, self.features = 0, [], {}  # asin -> its features page's lines, once read
@@ -191,7 +197,7 @@ def _row_checks(self:ReasonWriter, row:dict, passed:bool=False, title:bool=False
 def _passed_over(self:ReasonWriter, state:dict, row:dict) -> str:
     "The top rows above `row` on this page, not opened before, that the line says it passes over, and what each lacks."
     above = state['results'][:state['results'].index(row)]
-    named = [(r, lacks) for r in above if r['asin'] not in self.opened and (lacks := self._row_lacks(r))][:PASSED_NAMED]
+    named = [(r, lacks) for r in above if r['asin'] not in self.opened and (lacks := self._row_lacks(r))][:None if self.all_passed else PASSED_NAMED]
     if self.decision_last: return ''.join(PARTS['passed_last'].format(asin=r['asin'], lacks=self._row_checks(r, passed=True)) for r, _ in named)
     return _said(*[PARTS['passed'].format(asin=r['asin'], lacks=_said(*l)) for r, l in named])
 

@@ -578,7 +578,7 @@ def expert_agreement(shop, model_path, out_dir, n_tasks:int|None=None, device:st
                 minutes=round((time.time() - t0) / 60, 2), table=agreement_table(rows).to_dicts())
 
 # %% ../nbs/05_sft.ipynb #da57603b
-LINE_FORMS = ('grounded', 'verdict_last', 'decision_last')  # `ShopperPolicy.lines`' keys; 04_collect records the ones on as reasons_<key>
+LINE_FORMS = ('grounded', 'verdict_last', 'decision_last', 'all_passed')  # `ShopperPolicy.lines`' keys; 04_collect records the ones on as reasons_<key>
 
 def teacher_lines(collected:dict) -> dict|None:
     "The reason-line form a collection's record (`04_collect`'s run.json) says its teacher wrote; None where it wrote no lines."
