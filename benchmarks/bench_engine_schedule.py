@@ -131,9 +131,11 @@ def main():
 
     def ready(dec):
         "`dec` with its cache allocated and, on CUDA, every width's graph captured before the clock starts."
+        t = time.perf_counter()
         dec._ensure()
         if cuda:
             for w in range(dec.bucket, a.max_context + dec.bucket, dec.bucket): dec._capture(min(w, dec.L))
+        print(f'{type(dec).__name__}: cache and graphs ready in {time.perf_counter() - t:.1f} s (not timed)', flush=True)
         return dec
 
     def timed(name, play, dec):
