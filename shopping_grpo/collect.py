@@ -13,12 +13,12 @@ from .tasks import Task
 from .shop import Shop
 from .episode import run_message_episode
 from .tools import parse_reply
-from .policies import ExpertPolicy
+from .policies import ExpertPolicy, LINE_FORMS
 
 # %% auto #0
 __all__ = ['VOLATILE', 'HELD_OUT', 'rejection', 'load_trajectories', 'resume', 'shopping_trace', 'words', 'ungrounded',
            'behaviour', 'Prefix', 'accepted_prefix', 'run_pool', 'collect', 'content_hash', 'write_records',
-           'write_collection', 'opened', 'split_accepted', 'check_disjoint', 'write_sft_split']
+           'write_collection', 'teacher_lines', 'opened', 'split_accepted', 'check_disjoint', 'write_sft_split']
 
 # %% ../nbs/04_collect.ipynb #b56306ff
 def rejection(rec:dict) -> str|None:
@@ -247,6 +247,12 @@ def write_collection(out_dir, tasks:list[Task], done:dict, shop:Shop, config:dic
              episode_seconds=round(sum(r.get('seconds', 0) for r in cons), 2))
     write_atomic(out_dir/'audit.json', json.dumps(a, indent=1, ensure_ascii=False))
     return a
+
+# %% ../nbs/04_collect.ipynb #3a31b9da
+def teacher_lines(collected:dict) -> dict|None:
+    "The reason-line form a collection's record (its run.json) says its teacher wrote; None where it wrote no lines."
+    if not collected.get('teacher_reasons'): return None
+    return {k: bool(collected.get(f'reasons_{k}', False)) for k in LINE_FORMS}
 
 # %% ../nbs/04_collect.ipynb #e0939e03
 def opened(rec:dict) -> int:

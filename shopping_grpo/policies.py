@@ -12,10 +12,12 @@ from .tools import from_text_action, tool_schemas
 from .shoppers import ExpertShopper, option_value
 
 # %% auto #0
-__all__ = ['REASONS', 'PARTS', 'LAST_JOINT', 'PASSED_NAMED', 'ShopperPolicy', 'ExpertPolicy', 'reason_words', 'ReasonWriter',
-           'request_words', 'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
+__all__ = ['LINE_FORMS', 'REASONS', 'PARTS', 'LAST_JOINT', 'PASSED_NAMED', 'ShopperPolicy', 'ExpertPolicy', 'reason_words',
+           'ReasonWriter', 'request_words', 'ungrounded_reasons', 'reason_kind', 'ContextOverflow', 'OpenAIChatPolicy']
 
 # %% ../nbs/03c_policies.ipynb #376d4657
+LINE_FORMS = ('grounded', 'verdict_last', 'decision_last', 'all_passed')  # the forms a teacher's reason lines take: `ShopperPolicy.lines`' keys
+
 class ShopperPolicy:
     "A text-action shopper of `02c_shoppers` as a tool-calling policy; with `reasons`, each call follows a reason line."
     def __init__(self, shopper, as_tool_calls:bool=True,

@@ -13,13 +13,12 @@ from .episode import ChatRenderer, generated_text
 from .collect import load_trajectories
 
 # %% auto #0
-__all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'BF16_PEAK_TFLOPS', 'LINE_FORMS', 'sft_example', 'rows_sha256',
+__all__ = ['IGNORE', 'REJECTION_PLACES', 'PROFILES', 'UNPINNED', 'BF16_PEAK_TFLOPS', 'sft_example', 'rows_sha256',
            'rejection_places', 'SFTData', 'PadCollator', 'labelled_nll', 'action_loss', 'pack_bins', 'packed_row',
            'pack_rows', 'pack_fill', 'PackedCollator', 'conversation_cuts', 'conversation_attention',
            'register_conversation_attention', 'SFTConfig', 'sft_config', 'tiny_model', 'NonFiniteTraining',
            'ActionLoss', 'sft_summary', 'pin_sft_run', 'model_flops_utilisation', 'train_sft', 'merge_lora',
-           'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement',
-           'teacher_lines']
+           'turn_spans', 'call_names', 'departure', 'turn_agreement', 'agreement_table', 'expert_agreement']
 
 # %% ../nbs/05_sft.ipynb #23a8a8e7
 IGNORE = -100  # label of tokens that carry no loss
@@ -576,11 +575,3 @@ def expert_agreement(shop, model_path, out_dir, n_tasks:int|None=None, device:st
     return dict(model=str(model_path), tasks=len(tasks), episodes=len(recs), turns=len(rows),
                 agree=round(sum(r['departure'] == 'same' for r in rows) / max(1, len(rows)), 3),
                 minutes=round((time.time() - t0) / 60, 2), table=agreement_table(rows).to_dicts())
-
-# %% ../nbs/05_sft.ipynb #da57603b
-LINE_FORMS = ('grounded', 'verdict_last', 'decision_last', 'all_passed')  # `ShopperPolicy.lines`' keys; 04_collect records the ones on as reasons_<key>
-
-def teacher_lines(collected:dict) -> dict|None:
-    "The reason-line form a collection's record (`04_collect`'s run.json) says its teacher wrote; None where it wrote no lines."
-    if not collected.get('teacher_reasons'): return None
-    return {k: bool(collected.get(f'reasons_{k}', False)) for k in LINE_FORMS}
