@@ -17,15 +17,15 @@ STAGES = ['00_env', '01_tasks', '02_reward', '02c_shoppers', '03_agent', '04_col
 # %% auto #0
 __all__ = ['app', 'ROOT', 'STAGES', 'THREAD_VARS', 'RUN_REMADE', 'PUBLISH_LEFT_OUT', 'PUBLISH_KEPT', 'PUBLISH_ADAPTERS',
            'PUBLISH_MAX_MB', 'GZIP_OVER', 'EVAL_SEEDED', 'HOST_FREEZE', 'HOST_PLATFORM', 'PIPELINE_EXTRAS',
-           'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'serve_env', 'load_profile',
+           'NO_DEPS_PACKAGES', 'VERL_REQUIREMENTS', 'VERL_GPU', 'STACKS', 'RUN_SH', 'serve_env', 'load_profile',
            'stage_parameters', 'source_notebook', 'code_digest', 'stage_key', 'read_ledger', 'machine_name',
            'record_stage', 'finished_after', 'stage_keys', 'stale_inputs', 'thread_env', 'committed_inputs', 'pipeline',
            'process_alive', 'pipeline_state', 'start_detached', 'watch', 'carried_files', 'pack_run', 'remake_merged',
            'unpack_run', 'pack_run_command', 'unpack_run_command', 'published_files', 'publish_run',
            'published_adapters', 'restore_adapter', 'publish_run_command', 'seed_run', 'seed_run_command', 'seed_eval',
            'seed_eval_command', 'serve_model', 'requirement_name', 'read_pins', 'project_requirements',
-           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'project_wheel', 'download_wheels',
-           'pack_offline_command', 'docs_command', 'readme_command']
+           'verl_requirements', 'stack_requirements', 'host_needs', 'platform_tags', 'write_run_sh', 'project_wheel',
+           'download_wheels', 'pack_offline_command', 'docs_command', 'readme_command']
 
 # %% ../nbs/99_cli.ipynb #eee4ef21
 @app.command('serve-env')
@@ -722,6 +722,52 @@ def platform_tags(platform:str=HOST_PLATFORM) -> list[str]:
     arch, glibc = m.group(1), int(m.group(2))
     return [f'manylinux_2_{n}_{arch}' for n in range(glibc, 16, -1)] + [f'manylinux2014_{arch}', f'linux_{arch}']
 
+# %% ../nbs/99_cli.ipynb #24075012
+RUN_SH = r"""#!/usr/bin/env bash
+# Run the notebook pipeline on this host with what assemble.sh (beside this file) installed.
+# From the project's checkout:  bash BUNDLE/run.sh VERB ARGS...
+#   start PROFILE RUN STAGES [PACK]  unpack PACK (the pieces of `pack-run`) into RUN when given, then start the pipeline
+#                                    in the background (its output in RUN/pipeline.log) and return
+#   watch RUN [SECONDS]              wait up to SECONDS (300) while it runs, then say its state; exit 1 if it stopped
+#   publish RUN OUT [ADAPTERS]       `publish-run` RUN, then the publication as one tar cut into OUT/published.tar.NNN
+#                                    of 15 MB; join them with `cat published.tar.* | tar -xf -`
+#   pack RUN OUT                     `pack-run` RUN into OUT, for the next machine
+#   cli ARGS...                      any other shopping-grpo command
+# SITE: the folder assemble.sh installed into (default /tmp/site); PYTHON: the interpreter (default python3)
+set -euo pipefail
+die() { echo "run.sh: $*" >&2; exit 2; }
+[ -d shopping_grpo ] && [ -d nbs ] && [ -d profiles ] || die "run it from the project's checkout: $PWD has no shopping_grpo/, nbs/ and profiles/"
+SITE="$(realpath -m "${SITE:-/tmp/site}")"
+[ -d "$SITE" ] || die "no $SITE: run assemble.sh first (bash assemble.sh $SITE)"
+export PYTHONPATH="$PWD:$SITE" SHOPPING_GRPO_DATA="${SHOPPING_GRPO_DATA:-$PWD/data}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+sg() { "${PYTHON:-python3}" -m shopping_grpo.cli "$@"; }
+verb="${1:-}"; [ $# -gt 0 ] && shift
+case "$verb" in
+  start) [ $# -ge 3 ] || die "start PROFILE RUN STAGES [PACK]"
+         if [ $# -ge 4 ]; then sg unpack-run "$4" "$2"; fi
+         sg pipeline --profile "$1" --run "$2" --stages "$3" --detach ;;
+  watch) [ $# -ge 1 ] || die "watch RUN [SECONDS]"
+         sg watch "$1" --wait "${2:-300}" ;;
+  publish) [ $# -ge 2 ] || die "publish RUN OUT [ADAPTERS]"
+         tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+         sg publish-run "$1" "$tmp/published" ${3:+--adapters "$3"}
+         mkdir -p "$2" && (cd "$tmp" && tar -cf - published) | split -b 15000000 -d -a 3 - "$2/published.tar."
+         ls -l "$2" ;;
+  pack)  [ $# -ge 2 ] || die "pack RUN OUT"
+         sg pack-run "$1" "$2" ;;
+  cli)   sg "$@" ;;
+  *)     die "no verb '$verb': start, watch, publish, pack or cli (the head of this file says what each does)" ;;
+esac
+"""
+
+def write_run_sh(out) -> Path:
+    "Write `RUN_SH` into bundle folder `out` as run.sh (executable); its path."
+    from shopping_grpo.records import write_atomic
+    path = Path(out)/'run.sh'
+    write_atomic(path, RUN_SH)
+    path.chmod(0o755)
+    return path
+
 # %% ../nbs/99_cli.ipynb #a3afd00c
 def project_wheel(dest:Path) -> Path:
     "Build our own wheel into `dest` from a copy of the sources (the work tree gets no build folders)."
@@ -780,11 +826,13 @@ def pack_offline_command(
             wheels += download_wheels(specs + list(bare), Path(tmp)/'wheels', python_version, tags, implementation)
         names = [m for m in model if m.lower() != 'none']
         man = pack_offline(out, wheels, names, gguf, piece_mb)
+    if stack == 'pipeline': write_run_sh(out)  # veRL's bundle runs `verl-train` from its own venv instead
     models = ', '.join(m['name'] for m in man['models']) or 'no model'
     site = '/tmp/site' if stack == 'pipeline' else f'/tmp/site-{stack}'  # veRL's pins would shadow the pipeline's
     typer.echo(f"{len(man['pieces'])} pieces ({man['stream']['bytes']/1e6:.1f} MB, {len(man['wheels'])} wheels, "
-               f"{models}) in {out}: send assemble.sh, MANIFEST.json and the pieces into one folder there, then run "
-               f"`bash assemble.sh {site}`", err=True)
+               f"{models}) in {out}: send assemble.sh, MANIFEST.json{', run.sh' if stack == 'pipeline' else ''} and the pieces "
+               f"into one folder there, then run `bash assemble.sh {site}`"
+               + (", and from the checkout `bash BUNDLE/run.sh start PROFILE RUN STAGES`" if stack == 'pipeline' else ''), err=True)
     return man
 
 # %% ../nbs/99_cli.ipynb #6a82e8d3

@@ -223,3 +223,39 @@ def test_an_embedded_model_travels_with_its_head(tmp_path):
     assert M.sha256_file(placed) == m.sha256
     cfg, tok = M.read_head(m, placed)
     assert (cfg.model_type, tok.eos_token, tok.pad_token) == ('llama', '<|im_end|>', '<|endoftext|>')
+
+
+def run_sh(bundle:Path, *args, site:Path, cwd:Path|None=None, timeout:float=600):
+    "`bash BUNDLE/run.sh ARGS` from the checkout (or `cwd`), with this interpreter and `site` as the assembled site."
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, 'SITE': str(site), 'PYTHON': sys.executable}
+    return subprocess.run(['bash', str(bundle/'run.sh'), *map(str, args)], cwd=cwd or root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_sh_starts_follows_packs_and_publishes_a_run(packed, tmp_path):
+    """The bundle's run.sh on a first stage, as on a GPU host: `start` returns at once with the pipeline in the
+    background, `watch` waits for it, `pack` carries it, `start` with the pack goes on from it on another run folder
+    (the stage skips as unchanged), and `publish` brings the publication back in pieces that join into it."""
+    out, site = packed[0], tmp_path/'site'
+    site.mkdir()
+    run, again = tmp_path/'run', tmp_path/'again'
+    started = run_sh(out, 'start', 'smoke', run, '00_env', site=site)
+    assert started.returncode == 0 and 'pipeline started in the background' in started.stderr, started.stderr
+    watched = run_sh(out, 'watch', run, 600, site=site)
+    assert watched.returncode == 0 and watched.stdout.startswith('finished'), watched.stdout + watched.stderr
+    assert set(json.loads((run/'pipeline.json').read_text())) == {'00_env'}
+    assert run_sh(out, 'pack', run, tmp_path/'carried', site=site).returncode == 0
+    resumed = run_sh(out, 'start', 'smoke', again, '00_env', tmp_path/'carried', site=site)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_sh(out, 'watch', again, 600, site=site).returncode == 0
+    assert 'unchanged since' in (again/'pipeline.log').read_text()  # the carried stage is not run again
+    back = tmp_path/'back'
+    published = run_sh(out, 'publish', run, back, site=site)
+    assert published.returncode == 0, published.stderr
+    pieces = sorted(back.glob('published.tar.*'))
+    assert pieces and all(p.stat().st_size <= 15_000_000 for p in pieces)
+    joined = subprocess.run(f"cat {' '.join(map(str, pieces))} | tar -xf - -C {tmp_path}", shell=True)
+    assert joined.returncode == 0 and (tmp_path/'published'/'PUBLISHED.json').exists()
+    stopped = run_sh(out, 'watch', tmp_path/'nothing', 1, site=site)
+    assert stopped.returncode == 1 and 'no pipeline was started' in stopped.stderr
