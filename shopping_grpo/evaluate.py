@@ -16,24 +16,25 @@ from .shop import Shop
 from .reward import INFRA_REASONS
 from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
 from .tools import TOOL_SPECS
-from .policies import ShopperPolicy, ExpertPolicy, OpenAIChatPolicy
+from .policies import ShopperPolicy, ExpertPolicy, OpenAIChatPolicy, REASONS, PARTS
 from .collect import shopping_trace
 from .episode import run_message_episode, play, play_many
 
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'VERDICT_LAST', 'RESULT_ROW', 'DECISION_AFTER', 'DECIDED', 'OPTIONS_LINE',
-           'FEATURES_LINE', 'PAIR_START', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident', 'benchmark_tasks',
-           'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy', 'endpoint_policy',
-           'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings', 'set_aside_failed',
-           'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events', 'check_outcome', 'check_counts',
-           'check_candidates', 'check_calls', 'check_repeats', 'check_truncation', 'check_infrastructure',
-           'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix', 'summarize',
-           'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder', 'evaluate_benchmarks',
-           'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward', 'eval_outcomes',
-           'pairable', 'compare', 'write_comparison', 'compare_wordings', 'said_number', 'results_rows', 'opened_asins',
-           'first_look', 'listed_price', 'budget_habit', 'target_seen', 'verdict_places', 'line_pairs', 'first_line',
+           'TRAINED', 'TRAINING_LADDER', 'NUMBER', 'VERDICT_LAST', 'RESULT_ROW', 'DECIDED', 'DECISION_AFTER',
+           'OPTIONS_LINE', 'FEATURES_LINE', 'PAIR_START', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident',
+           'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
+           'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
+           'set_aside_failed', 'prepare_folder', 'check_no_retries', 'read_trajectories', 'check_events',
+           'check_outcome', 'check_counts', 'check_candidates', 'check_calls', 'check_repeats', 'check_truncation',
+           'check_infrastructure', 'hard_checks', 'length_stratum', 'task_strata', 'check_table', 'figures', 'tool_mix',
+           'summarize', 'by_stratum', 'trajectories_sha256', 'write_summary', 'evaluate', 'eval_folder',
+           'evaluate_benchmarks', 'evaluate_model', 'trained_models', 'paired_ci', 'paired_binary', 'paired_reward',
+           'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'part_pattern',
+           'verdict_pattern', 'said_number', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
+           'budget_habit', 'target_seen', 'decision_of', 'verdict_places', 'line_pairs', 'first_line',
            'request_reading']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
@@ -689,7 +690,21 @@ def compare_wordings(run_dir, model:str, benchmark:str='freeform', seed:int=0, n
     return write_comparison(run_dir, eval_folder(model, base), eval_folder(model, benchmark), seed, n_resamples, across=True)
 
 # %% ../nbs/07_evaluate.ipynb #92447b2e
-VERDICT_LAST = re.compile(r'price ([\d.,]+) against ([\d.,]+): (within|over)')  # PARTS['price_last'], PARTS['over_last']
+NUMBER = r'([\d.,]+)'  # a number as a line writes it, a regex group
+
+def part_pattern(template:str, **groups) -> str:
+    "The regex of a line template of `03c_policies` (REASONS, PARTS): its text escaped, each {name} in `groups` replaced by that group."
+    out = re.escape(template)
+    for name, group in groups.items(): out = out.replace(re.escape('{' + name + '}'), group)
+    return out
+
+def verdict_pattern(*parts:str) -> re.Pattern:
+    "The price verdicts written as the templates `parts` (one wording, each ending in its verdict's word): price, budget and word as groups."
+    stems, words = zip(*(p.rsplit(' ', 1) for p in parts))
+    if len(set(stems)) != 1: raise ValueError(f"templates of different wordings: {parts}")
+    return re.compile(part_pattern(stems[0], x=NUMBER, budget=NUMBER) + f" ({'|'.join(words)})")
+
+VERDICT_LAST = verdict_pattern(PARTS['price_last'], PARTS['over_last'])  # 'price 325.1 against 156: over'
 
 def said_number(s:str) -> float:
     "A number as a line writes it ('1,200', '99.' at a sentence's end)."
@@ -746,8 +761,13 @@ def target_seen(trajs:list[dict], targets:dict) -> dict:
     return out
 
 # %% ../nbs/07_evaluate.ipynb #ad38c122
-DECISION_AFTER = re.compile(r'; (opening it|passing over it|turning it down|every requirement met, buying)')  # REASONS/PARTS '*_last' of `decision_last`
-DECIDED = {'opening it': 'opening', 'passing over it': 'passing over', 'turning it down': 'turning down', 'every requirement met, buying': 'buying'}
+def decision_of(template:str) -> str:
+    "The decision a `decision_last` template (REASONS, PARTS '*_last') ends with: its words after the last '; ', without where it goes back to."
+    return template.rsplit('; ', 1)[1].split(', back to')[0].strip(' .')
+
+DECIDED = {decision_of(REASONS['open_last']): 'opening', decision_of(PARTS['passed_last']): 'passing over',
+           decision_of(REASONS['reject_last']): 'turning down', decision_of(REASONS['buy_last']): 'buying'}  # its words: the decision
+DECISION_AFTER = re.compile('; (' + '|'.join(map(re.escape, DECIDED)) + ')')
 
 def verdict_places(trajectories:list[dict]) -> Counter:
     """Each price verdict (the `verdict_last` form) of the assistant lines of `trajectories`, by the decision its line
