@@ -23,7 +23,7 @@ from .episode import run_message_episode, play, play_many
 # %% auto #0
 __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KINDS', 'DONE', 'MALFORMED', 'ARG_TOOLS',
            'NAV_TOOLS', 'PAGE_CUT', 'CHECKS', 'MISSING', 'FIGURE_INPUTS', 'VERSIONED', 'REPLY_ERRORS', 'PLAY_ORDER',
-           'TRAINED', 'TRAINING_LADDER', 'NUMBER', 'VERDICT_LAST', 'RESULT_ROW', 'DECIDED', 'DECISION_AFTER',
+           'TRAINED', 'TRAINING_LADDER', 'NUMBER', 'VERDICT_LAST', 'RESULT_ROW', 'DECIDED', 'DECISION_AFTER', 'STUCK',
            'OPTIONS_LINE', 'FEATURES_LINE', 'PAIR_START', 'BenchmarkMismatch', 'verify_benchmark', 'tasks_ident',
            'benchmark_tasks', 'PolicySpec', 'default_name', 'as_spec', 'local_decoder', 'local_policy',
            'endpoint_policy', 'scripted_policy', 'open_policy', 'endpoint_down', 'played_model', 'eval_settings',
@@ -35,7 +35,7 @@ __all__ = ['DECODERS', 'SCRIPTED', 'MODEL_KINDS', 'OBSOLETE', 'RETRY', 'EVENT_KI
            'eval_outcomes', 'pairable', 'compare', 'write_comparison', 'compare_wordings', 'part_pattern',
            'verdict_pattern', 'said_number', 'results_rows', 'opened_asins', 'first_look', 'listed_price',
            'budget_habit', 'target_seen', 'decision_of', 'verdict_places', 'line_pairs', 'first_line',
-           'request_reading']
+           'request_reading', 'target_turned_down', 'turned_down_table']
 
 # %% ../nbs/07_evaluate.ipynb #cac96078
 class BenchmarkMismatch(ValueError):
@@ -785,6 +785,9 @@ def verdict_places(trajectories:list[dict]) -> Counter:
                 out[place, x[3], (said_number(x[1]) <= said_number(x[2])) == (x[3] == 'within')] += 1
     return out
 
+# %% ../nbs/07_evaluate.ipynb #08db2600
+STUCK = ('no_progress', 'max_steps')  # an episode that ends neither by a purchase nor by a stop nor at the context's end
+
 # %% ../nbs/07_evaluate.ipynb #688fe00f
 OPTIONS_LINE = re.compile(r'options against the request: (.*?)\. (?=\S)')
 FEATURES_LINE = re.compile(r'Its features against the request: (.*?): (?:all listed|not all listed)')
@@ -811,3 +814,42 @@ def request_reading(trajs:list[dict], facts:dict) -> dict:
             for k, hit in ((f'{kind}_fewer', named < asked), (f'{kind}_more', named > asked)):
                 out[k] += hit; out[f'{k}_success'] += hit and t['strict_success']
     return dict(out)
+
+# %% ../nbs/07_evaluate.ipynb #330e2c33
+def _reject_patterns(asin:str) -> list[re.Pattern]:
+    "The reject lines, in both forms, that turn product `asin` down, with what they name as missing as a group."
+    lines = [REASONS['reject'], REASONS['reject_last']]
+    return [re.compile(part_pattern(l.removeprefix('{first}'), asin=re.escape(asin), lacks='([^;]*?)')) for l in lines]
+
+def target_turned_down(t:dict, target:str, budget:float|None=None) -> dict|None:
+    """The first assistant line of trajectory `t` that turns product `target` down: what it names as missing, and its
+    kind: 'budget' (a quoted phrase holding the budget's number), 'request words' (other quoted words, that no page
+    showed) or 'page words'; None if no line does."""
+    pats = _reject_patterns(target)
+    for m in t['messages']:
+        if m['role'] != 'assistant': continue
+        if x := next((x for p in pats if (x := p.search(m.get('content') or ''))), None):
+            quoted = re.findall(r'"([^"]+)"', x[1])
+            said = {said_number(n) for q in quoted for n in re.findall(r'\d[\d,]*(?:\.\d+)?', q)}
+            kind = ('budget' if budget is not None and budget in said else 'request words' if quoted else 'page words')
+            return dict(lacks=x[1], kind=kind)
+    return None
+
+def turned_down_table(trajs:list[dict], facts:dict) -> dict:
+    """Episodes of `trajs` that turn their task's target down (`target_turned_down`; `facts` by task id) and how many
+    of them succeeded; the failures and the stuck episodes, how many of each turned the target down (of the stuck, how
+    many also had a reply cut at the new-token limit); the kinds of what the first such line names."""
+    out = Counter()
+    for t in trajs:
+        f = facts[t['task_id']]
+        down = target_turned_down(t, f['target_asin'], f.get('budget'))
+        stuck, cut = t['termination_reason'] in STUCK, (t['flags'] or {}).get('truncated', 0) > 0
+        out.update(episodes=1, turned_down=bool(down), turned_down_solved=bool(down) and t['strict_success'],
+                   failed=not t['strict_success'], stuck=stuck, stuck_turned_down=stuck and bool(down),
+                   stuck_turned_down_cut=stuck and bool(down) and cut,
+                   overflow=t['termination_reason'] == 'context_overflow',
+                   overflow_turned_down=t['termination_reason'] == 'context_overflow' and bool(down))
+        if down: out[down['kind']] += 1
+    keys = ('episodes', 'turned_down', 'turned_down_solved', 'failed', 'stuck', 'stuck_turned_down', 'stuck_turned_down_cut', 'overflow',
+            'overflow_turned_down', 'budget', 'request words', 'page words')
+    return {k: out[k] for k in keys}
