@@ -12,15 +12,15 @@ from .records import write_atomic, sha256_file, data_dir
 
 # %% auto #0
 __all__ = ['PHRASES', 'WORDINGS', 'KEEPS_TEMPLATE', 'WIDE_TABLES', 'STYLE_SPLITS', 'STYLE_KEYS', 'SPLITS', 'SPLIT_SHARE',
-           'TASKS_VERSION', 'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'FOLD_SHARE', 'TaskFacts', 'Task',
-           'satisfies', 'word_request', 'wording_styles', 'number_words', 'write_number', 'write_name', 'word_varied',
-           'wording_rng', 'reword', 'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster', 'make_tasks',
-           'write_tasks', 'read_tasks', 'benchmark_file', 'load_benchmark', 'verify_task', 'freeze_benchmark',
-           'freeze_freeform', 'human_requests', 'human_tasks', 'plain_words', 'names_any', 'stated_amounts', 'plain_zh',
-           'says_zh', 'human_words', 'request_problems', 'listed_word_clashes', 'request_frame', 'wording_variety',
-           'freeze_human', 'spelling_variants', 'wording_words', 'alternatives', 'ambiguous_alternatives',
-           'mixed_words', 'slot_words', 'mixed_problems', 'word_mixed', 'reword_mixed', 'wording_of', 'words_of',
-           'mixed_is_template', 'options_before_name']
+           'TASKS_VERSION', 'BENCHMARK', 'BENCHMARKS', 'HUMAN_LANGS', 'WORDS_KEYS', 'FOLD_SHARE', 'WOVEN', 'TaskFacts',
+           'Task', 'satisfies', 'word_request', 'wording_styles', 'number_words', 'write_number', 'write_name',
+           'word_varied', 'wording_rng', 'reword', 'reword_tasks', 'CategoryIndex', 'make_task', 'split_of_cluster',
+           'make_tasks', 'write_tasks', 'read_tasks', 'benchmark_file', 'load_benchmark', 'verify_task',
+           'freeze_benchmark', 'freeze_freeform', 'human_requests', 'human_tasks', 'plain_words', 'names_any',
+           'stated_amounts', 'plain_zh', 'says_zh', 'human_words', 'request_problems', 'listed_word_clashes',
+           'request_frame', 'wording_variety', 'freeze_human', 'spelling_variants', 'wording_words', 'alternatives',
+           'ambiguous_alternatives', 'mixed_words', 'slot_words', 'mixed_problems', 'word_mixed', 'woven_clauses',
+           'weave', 'reword_mixed', 'wording_of', 'words_of', 'mixed_is_template', 'options_before_name']
 
 # %% ../nbs/01_tasks.ipynb #be02f60d
 @dataclass
@@ -117,9 +117,9 @@ def word_request(f:TaskFacts, p:dict, lang:str, rng:random.Random) -> str:
     return head + space + rng.choice(t['sep']).join(parts) + rng.choice(t['end'])
 
 # %% ../nbs/01_tasks.ipynb #d7cac943
-WORDINGS = ('template', 'varied', 'mixed', 'wide', 'folded')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them, or those with option values inside the product's phrase
-KEEPS_TEMPLATE = ('mixed', 'wide', 'folded')  # wordings that keep a share of the training tasks in the template
-WIDE_TABLES = ('wide', 'folded')  # wordings written with the wide word tables
+WORDINGS = ('template', 'varied', 'mixed', 'wide', 'folded', 'woven')  # how requests are written: the one template style, the styles of the file, both with other words, or with more of them, or those with option values inside the product's phrase, or those with reasons and contrasts woven in
+KEEPS_TEMPLATE = ('mixed', 'wide', 'folded', 'woven')  # wordings that keep a share of the training tasks in the template
+WIDE_TABLES = ('wide', 'folded', 'woven')  # wordings written with the wide word tables
 STYLE_SPLITS = ('train', 'heldout')  # styles for training tasks; styles kept for evaluation only
 STYLE_KEYS = ('open', 'brand', 'model', 'features', 'options', 'budget', 'second')  # templates checked for disjointness
 
@@ -354,7 +354,7 @@ def make_tasks(catalog:Catalog, sizes:dict, seed:int=1, lang:str|None=None, prog
         t = make_task(p, cats, random.Random(f'{seed}:{r}'), lang, f'{s}-{len(out[s]):05d}', s)
         if t and wording == 'varied': t = reword(t, p, seed, 'heldout' if s == 'eval' else 'train')
         if t and wording in KEEPS_TEMPLATE and s != 'eval' and not mixed_is_template(seed, t.task_id, lang, mixed_share):
-            t = reword_mixed(t, p, seed, wide=wording in WIDE_TABLES, fold=wording == 'folded')
+            t = reword_mixed(t, p, seed, wide=wording in WIDE_TABLES, fold=wording in ('folded', 'woven'), woven=wording == 'woven')
         if t:
             out[s].append(t)
             bar.update()
@@ -716,27 +716,55 @@ def word_mixed(f:TaskFacts, p:dict, lang:str, rng:random.Random, style:dict, wor
     return noisy if not mixed_problems(Task('', '', lang, noisy, f), p, words) else text  # noise never hides a fact
 
 FOLD_SHARE = 0.5  # the `folded` wording: the share of its requests with option values inside the product's phrase
+WOVEN = dict(clause=0.6, contrast=0.3)  # the `woven` wording: the shares of its requests with a reason or use beside the product, and with an option value set against another
 
-def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False) -> Task:
+def woven_clauses(lang:str) -> list[str]:
+    "The reasons, uses and people a request may name beside its product (`wording_words_wide.json`'s `woven`), none a requirement."
+    return _read_words(None, 'wording_words_wide.json').get(lang, {}).get('woven', [])
+
+def weave(text:str, f:TaskFacts, p:dict, rng:random.Random, clauses:list[str]) -> str:
+    """Request `text` for facts `f` (product `p`) with, some of the time, a reason or use right after the product's name
+    ("a kettle for the staff room") and a requested option value set against another of its axis ("in navy, not
+    black"); neither states a fact, and no clause names a feature or option value of the product."""
+    named = [*p['features'], *(x for a in p['axes'] or [] for x in a['values'])]
+    ok = [c for c in clauses if not names_any(c, named)]
+    cat = re.search(rf"(?i)\b{re.escape(p['category_name'])}\b", text)
+    if ok and cat and rng.random() < WOVEN['clause']:
+        text = text[:cat.end()] + ' ' + rng.choice(ok) + text[cat.end():]
+    axes = {a['key']: a for a in p['axes'] or []}
+    pairs = [(axes[k]['values'][axes[k]['value_keys'].index(v)], [x for u, x in zip(axes[k]['value_keys'], axes[k]['values']) if u != v])
+             for k, v in f.options.items() if k in axes]
+    pairs = [(x, others) for x, others in pairs if others and re.search(rf'(?i)(?<![\w-]){re.escape(x)}(?![\w-])', text)]
+    if pairs and rng.random() < WOVEN['contrast']:
+        x, others = rng.choice(pairs)
+        at = re.search(rf'(?i)(?<![\w-]){re.escape(x)}(?![\w-])', text)
+        text = text[:at.end()] + f', not {rng.choice(others)}' + text[at.end():]
+    return text
+
+def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False, woven:bool=False) -> Task:
     """Task `t` in a training style widened by the word tables of its language (a training style alone where none exist),
-    with `wide` the wide tables and with `fold` half of its requests' option values inside the product's phrase; its
-    `wording` names the style and the tables ('+words', '+wide', '+folded')."""
-    words = wording_words(t.lang, wide=wide)
+    with `wide` the wide tables, with `fold` half of its requests' option values inside the product's phrase and with
+    `woven` reasons and contrasts woven in (`weave`); its `wording` names the style and the tables ('+words', '+wide',
+    '+folded', '+woven')."""
+    words, woven = wording_words(t.lang, wide=wide), woven and bool(woven_clauses(t.lang))  # English only: its clauses and ', not'
     if words is None: return reword(t, p, seed, 'train')
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
     share = FOLD_SHARE if fold else 0.0
-    text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
+    draw = lambda: (weave(word_mixed(t.facts, p, t.lang, rng, style, words, share), t.facts, p, rng, woven_clauses(t.lang))
+                    if woven else word_mixed(t.facts, p, t.lang, rng, style, words, share))
+    text = draw()
     for _ in range(8 if fold else 0):  # a folded wording draws again a request that hides a fact ('EF109,200 tops': no budget)
         if not mixed_problems(replace(t, instruction=text), p, words): break
-        text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
-    return replace(t, instruction=text, wording=style['id'] + ('+folded' if fold else '+wide' if wide else '+words'))
+        text = draw()
+    mark = '+woven' if woven else '+folded' if fold else '+wide' if wide else '+words'
+    return replace(t, instruction=text, wording=style['id'] + mark)
 
 def wording_of(t:Task) -> str:
     "The wording (`WORDINGS`) task `t`'s request was written in, from its `wording` mark (a hand-written one counts as varied)."
     w = t.wording or ''
     return ('template' if not w else 'mixed' if w.endswith('+words') else 'wide' if w.endswith('+wide') else
-            'folded' if w.endswith('+folded') else 'varied')
+            'folded' if w.endswith('+folded') else 'woven' if w.endswith('+woven') else 'varied')
 
 def words_of(t:Task) -> dict|None:
     "The word tables task `t`'s request was written with: the wide ones for the `WIDE_TABLES` wordings."
