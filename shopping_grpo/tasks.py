@@ -751,12 +751,14 @@ def reword_mixed(t:Task, p:dict, seed:int, wide:bool=False, fold:bool=False, wov
     rng = wording_rng(seed, t.task_id, t.lang)
     style = rng.choice(wording_styles(t.lang, 'train'))
     share = FOLD_SHARE if fold else 0.0
-    draw = lambda: (weave(word_mixed(t.facts, p, t.lang, rng, style, words, share), t.facts, p, rng, woven_clauses(t.lang))
-                    if woven else word_mixed(t.facts, p, t.lang, rng, style, words, share))
-    text = draw()
+    text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
     for _ in range(8 if fold else 0):  # a folded wording draws again a request that hides a fact ('EF109,200 tops': no budget)
         if not mixed_problems(replace(t, instruction=text), p, words): break
-        text = draw()
+        text = word_mixed(t.facts, p, t.lang, rng, style, words, share)
+    if woven:  # the folded request, woven by a stream of its own; a weave that would hide a fact is drawn again, at worst left out
+        wrng = random.Random(f'woven:{seed}:{t.lang}:{t.task_id}')
+        text = next((w for w in (weave(text, t.facts, p, wrng, woven_clauses(t.lang)) for _ in range(8))
+                     if not mixed_problems(replace(t, instruction=w), p, words)), text)
     mark = '+woven' if woven else '+folded' if fold else '+wide' if wide else '+words'
     return replace(t, instruction=text, wording=style['id'] + mark)
 
