@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from .records import (write_atomic, append_record, read_jsonl, Trajectory, sha256_file,
                                    data_dir, package_versions, pin_run, code_sha256, task_list_sha256)
-from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS, HUMAN_LANGS
+from .tasks import Task, read_tasks, reword_tasks, benchmark_file, BENCHMARK, BENCHMARKS, HUMAN_LANGS, stated_amounts
 from .shop import Shop
 from .reward import INFRA_REASONS
 from .shoppers import OracleShopper, HeuristicShopper, RandomShopper
@@ -829,8 +829,8 @@ def target_turned_down(t:dict, target:str, budget:float|None=None) -> dict|None:
     for m in t['messages']:
         if m['role'] != 'assistant': continue
         if x := next((x for p in pats if (x := p.search(m.get('content') or ''))), None):
-            quoted = re.findall(r'"([^"]+)"', x[1])
-            said = {said_number(n) for q in quoted for n in re.findall(r'\d[\d,]*(?:\.\d+)?', q)}
+            quoted = re.findall(part_pattern(PARTS['unseen'], said='([^"]+)'), x[1])  # the request's words no page showed
+            said = {v for q in quoted for v, _ in stated_amounts(q)}  # 01_tasks' reading of amounts
             kind = ('budget' if budget is not None and budget in said else 'request words' if quoted else 'page words')
             return dict(lacks=x[1], kind=kind)
     return None

@@ -734,10 +734,9 @@ def weave(text:str, f:TaskFacts, p:dict, rng:random.Random, clauses:list[str]) -
     axes = {a['key']: a for a in p['axes'] or []}
     pairs = [(axes[k]['values'][axes[k]['value_keys'].index(v)], [x for u, x in zip(axes[k]['value_keys'], axes[k]['values']) if u != v])
              for k, v in f.options.items() if k in axes]
-    pairs = [(x, others) for x, others in pairs if others and re.search(rf'(?i)(?<![\w-]){re.escape(x)}(?![\w-])', text)]
+    pairs = [(at, others) for x, others in pairs if others and (at := re.search(rf'(?i)(?<![\w-]){re.escape(x)}(?![\w-])', text))]
     if pairs and rng.random() < WOVEN['contrast']:
-        x, others = rng.choice(pairs)
-        at = re.search(rf'(?i)(?<![\w-]){re.escape(x)}(?![\w-])', text)
+        at, others = rng.choice(pairs)
         text = text[:at.end()] + f', not {rng.choice(others)}' + text[at.end():]
     return text
 
