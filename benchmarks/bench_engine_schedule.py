@@ -10,6 +10,8 @@ weights writes the tokens (no model needs to travel); the replies end where the 
         outputs/reference/h200-1.5b-mixed-reasons-wide-grounded/eval/sft{,@freeform,@human}/trajectories.jsonl.gz
     python benchmarks/bench_engine_schedule.py play --every 0,4,8,16 --out benchmarks/results/engine_schedule_h100.json   # GPU
     .venv/bin/python benchmarks/bench_engine_schedule.py play --device cpu --layers 1 --episodes 12 --rows 4 --every 0,4 --scale 0.05 --out /tmp/s.json
+    # what the lockstep runner would do over the first N episodes (calls, decode steps, column-steps), no GPU:
+    .venv/bin/python benchmarks/bench_engine_schedule.py plan --episodes 60,200,600
 """
 from __future__ import annotations
 import argparse, gzip, json, random, time
@@ -81,6 +83,24 @@ def play_lockstep(dec, episodes, rows, max_context):
     return episodes
 
 
+def lockstep_plan(shapes, rows:int, max_context:int, max_new_tokens:int) -> dict:
+    """What `play_lockstep` does over recorded episode shapes, counted without a model: its calls, the decode steps they
+    run (each call to its longest reply), and the column-steps (each call's steps times the widest context it reads,
+    which a decode step's cost grows with)."""
+    class Count:
+        end_id = 1
+        def __init__(self): self.calls, self.steps, self.column_steps = 0, 0, 0
+        def __call__(self, contexts):
+            self.calls += 1; self.steps += self.max_new_tokens
+            self.column_steps += self.max_new_tokens * (max(map(len, contexts)) + self.max_new_tokens)
+            return [[2] * self.max_new_tokens for _ in contexts]
+    shapes = [[p, [[min(r, max_new_tokens), t] for r, t in turns]] for p, turns in shapes]
+    c = Count()
+    eps = play_lockstep(c, [Replay(i, p, turns, 1000) for i, (p, turns) in enumerate(shapes)], rows, max_context)
+    return dict(episodes=len(eps), reply_ids=sum(t[0] for e in shapes for t in e[1]), calls=c.calls, decode_steps=c.steps,
+                column_steps=c.column_steps, ended_early=sum(e.failure is not None for e in eps))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -101,6 +121,12 @@ def main():
     p.add_argument('--device', default='cuda')
     p.add_argument('--layers', type=int, default=None, help='decoder layers (fewer: a CPU check of the script)')
     p.add_argument('--out', default=None)
+    q = sub.add_parser('plan', help='count what the lockstep runner would do over the first N episodes, for each N (no model, no GPU)')
+    q.add_argument('--shapes', default='benchmarks/results/engine_shapes_grounded.json')
+    q.add_argument('--episodes', default='60,200,600', help='comma-separated Ns')
+    q.add_argument('--rows', type=int, default=100)
+    q.add_argument('--max-context', type=int, default=16384)
+    q.add_argument('--max-new-tokens', type=int, default=128)
     a = ap.parse_args()
     if a.cmd == 'shapes':
         from transformers import AutoTokenizer
@@ -108,6 +134,11 @@ def main():
         from shopping_grpo.records import write_atomic
         write_atomic(a.out, json.dumps(dict(sources=a.trajectories, episodes=shapes)))
         print(len(shapes), 'episodes;', sum(t[0] for e in shapes for t in e[1]), 'reply ids')
+        return
+    if a.cmd == 'plan':
+        shapes = json.load(open(a.shapes))['episodes']
+        for n in map(int, a.episodes.split(',')):
+            print(json.dumps(lockstep_plan(shapes[:n], a.rows, a.max_context, a.max_new_tokens)))
         return
     import torch
     from transformers import AutoModelForCausalLM
