@@ -11,7 +11,7 @@ weights writes the tokens (no model needs to travel); the replies end where the 
     python benchmarks/bench_engine_schedule.py play --every 0,4,8,16 --out benchmarks/results/engine_schedule_h100.json   # GPU
     .venv/bin/python benchmarks/bench_engine_schedule.py play --device cpu --layers 1 --episodes 12 --rows 4 --every 0,4 --scale 0.05 --out /tmp/s.json
     # what the lockstep runner would do over the first N episodes (calls, decode steps, column-steps), no GPU:
-    .venv/bin/python benchmarks/bench_engine_schedule.py plan --episodes 60,200,600
+    .venv/bin/python benchmarks/bench_engine_schedule.py plan --episodes 60,200,600 --out benchmarks/results/engine_plan_grounded.json
 """
 from __future__ import annotations
 import argparse, gzip, json, random, time
@@ -83,6 +83,13 @@ def play_lockstep(dec, episodes, rows, max_context):
     return episodes
 
 
+def cut_shapes(shapes, max_new_tokens:int, scale:float=1.0) -> list:
+    """Recorded episode shapes as they are played: each count scaled by `scale` (then at least 2 ids; a turn without an
+    answer keeps none) and each reply cut at `max_new_tokens`."""
+    sc = (lambda n: n) if scale == 1.0 else (lambda n: max(2, round(n * scale)))
+    return [[sc(p), [[min(sc(r), max_new_tokens), sc(t) if t else 0] for r, t in turns]] for p, turns in shapes]
+
+
 def lockstep_plan(shapes, rows:int, max_context:int, max_new_tokens:int) -> dict:
     """What `play_lockstep` does over recorded episode shapes, counted without a model: its calls, the decode steps they
     run (each call to its longest reply), and the column-steps (each call's steps times the widest context it reads,
@@ -94,7 +101,7 @@ def lockstep_plan(shapes, rows:int, max_context:int, max_new_tokens:int) -> dict
             self.calls += 1; self.steps += self.max_new_tokens
             self.column_steps += self.max_new_tokens * (max(map(len, contexts)) + self.max_new_tokens)
             return [[2] * self.max_new_tokens for _ in contexts]
-    shapes = [[p, [[min(r, max_new_tokens), t] for r, t in turns]] for p, turns in shapes]
+    shapes = cut_shapes(shapes, max_new_tokens)
     c = Count()
     eps = play_lockstep(c, [Replay(i, p, turns, 1000) for i, (p, turns) in enumerate(shapes)], rows, max_context)
     return dict(episodes=len(eps), reply_ids=sum(t[0] for e in shapes for t in e[1]), calls=c.calls, decode_steps=c.steps,
@@ -127,6 +134,7 @@ def main():
     q.add_argument('--rows', type=int, default=100)
     q.add_argument('--max-context', type=int, default=16384)
     q.add_argument('--max-new-tokens', type=int, default=128)
+    q.add_argument('--out', default=None, help='also write the counts here, as JSON')
     a = ap.parse_args()
     if a.cmd == 'shapes':
         from transformers import AutoTokenizer
@@ -137,16 +145,18 @@ def main():
         return
     if a.cmd == 'plan':
         shapes = json.load(open(a.shapes))['episodes']
-        for n in map(int, a.episodes.split(',')):
-            print(json.dumps(lockstep_plan(shapes[:n], a.rows, a.max_context, a.max_new_tokens)))
+        plans = [lockstep_plan(shapes[:n], a.rows, a.max_context, a.max_new_tokens) for n in map(int, a.episodes.split(','))]
+        for x in plans: print(json.dumps(x))
+        if a.out:
+            from shopping_grpo.records import write_atomic
+            write_atomic(a.out, json.dumps(dict(shapes=a.shapes, rows=a.rows, max_context=a.max_context,
+                                                max_new_tokens=a.max_new_tokens, plans=plans), indent=1))
         return
     import torch
     from transformers import AutoModelForCausalLM
     import shopping_grpo.generate as G
     from shopping_grpo.records import package_versions, write_atomic
-    shapes = json.load(open(a.shapes))['episodes'][:a.episodes]
-    sc = lambda n: max(2, round(n * a.scale))
-    shapes = [[sc(p), [[min(sc(r), a.max_new_tokens), sc(t) if t else 0] for r, t in turns]] for p, turns in shapes]
+    shapes = cut_shapes(json.load(open(a.shapes))['episodes'][:a.episodes], a.max_new_tokens, a.scale)
     cfg = qwen_shape(a.model)
     if a.layers: cfg.num_hidden_layers = a.layers
     torch.manual_seed(0)
